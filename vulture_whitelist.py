@@ -90,3 +90,6 @@ _.text_1
 _.text_2
 _.data_1
 _.data_2
+# llama.cpp's quantize parameters (bench/gguf_kquant_files.py): fields of a ctypes struct that llama.cpp reads.
+_.ftype
+_.allow_requantize

@@ -16,7 +16,8 @@ round-to-nearest (min/max per group);
 "GGUF Q4_1 codes" serves the shipped GGUF file's own Q4_1 codes (`--quantization gguf`, implied by the .gguf
 model): the unquantized reference is the same values rounded to bf16, so it is held to fp8's floors;
 `--checkpoint NAME=DIR` scores a ready-made checkpoint directory as well (e.g. a GPTQ-calibrated one
-from bench/gptq_checkpoint.py), held to the int4 floor; `--variants ""` scores only those.
+from bench/gptq_checkpoint.py), or a .gguf file of the embedded model (bench/gguf_kquant_files.py), held to the
+int4 floor; `--variants ""` scores only those.
 
     python bench/quant_fidelity.py --dtype float32 --json bench/results/quant-fidelity-cpu-2026-12-03.json
     python bench/quant_fidelity.py --dtype float32 --variants "W4A16 g64" \
@@ -102,7 +103,9 @@ def main() -> None:
         # The shipped file itself as the model (quantization implied), the converted directory's tokenizer.
         "GGUF Q4_1 codes": (str(embedded_gguf_path()), {"tokenizer": str(base)}),
     }
-    variants.update({name: (path, {}) for name, path in checkpoints.items()})
+    # A .gguf checkpoint (bench/gguf_kquant_files.py) is the embedded model's: its converted directory's tokenizer.
+    variants.update({name: (path, {"tokenizer": str(base)} if path.endswith(".gguf") else {})
+                     for name, path in checkpoints.items()})
     for name in [v for v in args.variants.split(",") if v] + list(checkpoints):
         model, kwargs = variants[name]
         path = model if isinstance(model, str) else str(model())

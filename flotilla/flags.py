@@ -237,7 +237,8 @@ FLAGS: tuple[Flag, ...] = (
         "weight-only (RTN_NUM_BITS 8 or 4, default 8; RTN_GROUP_SIZE inputs per scale, default 128, -1 per "
         "row); awq, gptq and compressed-tensors name a pre-quantized "
         "checkpoint's format, which is also detected from its config.json without the flag; gguf serves a "
-        ".gguf model file's Q4_0/Q4_1 codes as they are (implied by a .gguf model; with no model, the "
+        ".gguf model file's weights, Q4_0/Q4_1/Q4_K as their 4-bit codes, the other common types (Q5_*, "
+        "Q2_K/Q3_K/Q5_K/Q6_K, Q8_0) dequantized (implied by a .gguf model; with no model, the "
         "embedded model's own Q4_1 GGUF).",
         "model",
         crd_field="quantization",

@@ -6,20 +6,25 @@ tokenizer). The file is read with the `gguf` package's `GGUFReader` (llama archi
 mapped to HF's below; llama.cpp's converter permutes the rows of Q and K for its rotary layout, undone here as
 transformers undoes it).
 
-Linear layers by the type of their GGUF tensors (every projection of a merged layer alike, else dense):
-- Q4_1 (blocks of 32 inputs: fp16 `d`, fp16 `m`, 16 bytes of nibbles, weight `d * q + m`) and Q4_0 (fp16 `d`,
-  16 bytes, weight `d * (q - 8)`): the 4-bit codes, one scale `d` and one offset (`m`, or `-8 d`) per block, in
-  float32 (`weight_packed` / `weight_scale` / `weight_offset`, output rows first). Byte `j` of a block holds input
-  `j` in its low nibble and input `j + 16` in its high one (ggml's `block_q4_1`; tests check it against
+Linear layers by the type of their GGUF tensors (every projection of a merged layer 4-bit, else the layer is dense:
+a Q4_K_M file's qkv with a Q6_K `attn_v` runs dense, its all-Q4_K ones as codes):
+- Q4_1 (blocks of 32 inputs: fp16 `d`, fp16 `m`, 16 bytes of nibbles, weight `d * q + m`), Q4_0 (fp16 `d`,
+  16 bytes, weight `d * (q - 8)`) and Q4_K (super-blocks of 256 inputs, each sub-block of 32 `d * sc * q - dmin *
+  m` with 6-bit `sc`, `m`: `gguf_blocks.py`): the 4-bit codes, one scale (`d`, or `d * sc`) and one offset (`m`,
+  `-8 d`, or `-dmin * m`) per 32 inputs, in float32, which holds each exactly (an fp16 times an integer under 64)
+  (`weight_packed` / `weight_scale` / `weight_offset`, output rows first). Byte `j` of a Q4_0/Q4_1 block holds
+  input `j` in its low nibble and input `j + 16` in its high one (ggml's `block_q4_1`; tests check it against
   `gguf.quants.dequantize` on the shipped file). On the CPU in bf16 the layer runs torch's packed int4 kernel,
   whose weight is `(q - 8) * scale + bias` a group: scale `d`, bias `offset + 8 d` (`process_weights`), both
   rounded to bf16 (the kernel's scale dtype is the activations'); elsewhere (CUDA, fp32/fp16 models, whose int4
   path in torch is slower than a dense matmul) the weight is dequantized once at load in float32 arithmetic,
   dense in the model dtype: in fp32 exactly the file's values.
-- Q8_0, F16, BF16, F32: dequantized into the model dtype, dense (torch's CPU int8 kernel takes one scale a row;
-  Q8_0 has one per 32 inputs).
-- Any other type (the K-quants, IQ*, Q5_*) is refused at load, naming the tensor.
-Embeddings, norms and the LM head: dequantized by `gguf.quants.dequantize` into the model dtype, whatever the type.
+- Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K (and a Q4_K tensor of a dense layer): decoded by `gguf_blocks.py` into float32
+  (exactly `gguf.quants.dequantize`'s values), then the model dtype, dense. Q8_0, F16, BF16, F32: dequantized by
+  `gguf.quants.dequantize` into the model dtype, dense (torch's CPU int8 kernel takes one scale a row; Q8_0 has
+  one per 32 inputs).
+- Any other type (IQ*, TQ*, MXFP4, ...) is refused at load, naming the tensor.
+Embeddings, norms and the LM head: dequantized into the model dtype, whatever the type (`dequantize_tensor`).
 On the CPU in bf16 a Q8_0 LM head (the tied embedding when the file has no `output.weight`) also runs as its 8-bit
 codes through torch's int4 kernel, as two exact 4-bit planes (`attach_gguf_lm_head`, `cpu_int8_blocks_weight`):
 at one row the head is the step's largest weight (49,152 x 576 here, as many bytes in bf16 as all 30 layers'
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flotilla.engine.quantization.gguf_blocks import DECODED_TYPES, dequantize_blocks, unpack_q4_k
 from flotilla.engine.quantization.gguf_file import gguf_reader
 from flotilla.engine.quantization.method import LinearMethod, in_features, out_features, replace_parameter
 from flotilla.kernels.cpu_int_linear import (
@@ -47,9 +53,9 @@ from flotilla.kernels.cpu_int_linear import (
 from flotilla.kernels.packed_int_linear import pack_codes, unpack_codes
 from flotilla.kernels.switches import env_flag
 
-BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block
-INT4_TYPES = ("Q4_0", "Q4_1")
-DENSE_TYPES = ("Q8_0", "F16", "BF16", "F32")
+BLOCK = 32  # inputs per Q4_0 / Q4_1 / Q8_0 block and per Q4_K sub-block: one scale and offset each
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+DENSE_TYPES = ("Q8_0", "F16", "BF16", "F32", *(t for t in DECODED_TYPES if t not in INT4_TYPES))
 _TOP_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
 _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -97,8 +103,17 @@ def unpack_q8_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks[..., 2:].contiguous().view(torch.int8).reshape(rows, -1), d
 
 
+def unpack_int4_tensor(raw: np.ndarray, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0 / Q4_1 / Q4_K tensor -> codes `[rows, cols]` (uint8), scales and offsets `[rows, cols / 32]` (float32):
+    the weight is `scale * code + offset` a block of 32."""
+    return unpack_q4_k(raw) if type_name == "Q4_K" else unpack_q4_blocks(raw, type_name)
+
+
 def dequantize_tensor(raw: np.ndarray, type_name: str) -> torch.Tensor:
-    """Any GGUF tensor as float32, by gguf's own `dequantize` (rows first, as HF stores it)."""
+    """Any GGUF tensor as float32 (rows first, as HF stores it): `gguf_blocks`' decoders for theirs, else gguf's own
+    `dequantize`."""
+    if type_name in DECODED_TYPES and raw.ndim == 2:
+        return dequantize_blocks(raw, type_name)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -145,7 +160,7 @@ def gguf_checkpoint_tensors(path: str | Path, hf_config: dict[str, Any],
                              "safetensors directory")
         order = _qk_row_order(name, raw.shape[0], hf_config)
         if name in int4_layers:
-            codes, scale, offset = unpack_q4_blocks(raw, kind)
+            codes, scale, offset = unpack_int4_tensor(raw, kind)
             if order is not None:
                 codes, scale, offset = codes[order], scale[order], offset[order]
             prefix = name.removesuffix(".weight")
@@ -167,7 +182,8 @@ def dequantize_affine(packed: torch.Tensor, scale: torch.Tensor, offset: torch.T
 
 
 class GgufInt4Method(LinearMethod):
-    """A linear layer whose GGUF tensors are Q4_0/Q4_1: 4-bit codes with a float scale and offset a block."""
+    """A linear layer whose GGUF tensors are Q4_0/Q4_1/Q4_K: 4-bit codes with a float scale and offset a block of
+    32."""
 
     def create_weights(self, layer: Any) -> None:
         """Packed codes `[out, in / 8]` int32, scale and offset `[out, in / 32]` float32 in place of the weight."""
@@ -208,8 +224,8 @@ class GgufInt4Method(LinearMethod):
 
 
 def attach_gguf_methods(model: Any, path: str | Path, hf_config: dict[str, Any]) -> set[str]:
-    """Before loading: `GgufInt4Method` on every linear layer whose GGUF tensors are all Q4_0/Q4_1 (a merged
-    layer's projections must agree; otherwise it stays dense). Returns the HF weight names loaded as codes."""
+    """Before loading: `GgufInt4Method` on every linear layer whose GGUF tensors are all Q4_0/Q4_1/Q4_K (a merged
+    layer's projections must all be; otherwise it stays dense). Returns the HF weight names loaded as codes."""
     from flotilla.engine.layers.linear import quantizable_layers
     from flotilla.engine.model_loader import packed_target
 

@@ -2,7 +2,9 @@
 
 The layout is llama.cpp's: llama.cpp names, Q and K rows permuted as its converter permutes them
 (`convert_hf_to_gguf.py` LlamaModel.permute), the linear weights in the type asked for, the embedding F16,
-the final norm F32 and a separate LM head (`output.weight`) in Q8_0.
+the final norm F32 and a separate LM head (`output.weight`) in Q8_0; `types` sets any tensor's type by its name
+(a Q4_K_M-like mix). The k-quants, which gguf-py does not quantize, come from the test-side encoder
+(`gguf_kquants.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from .gguf_kquants import K_TYPES, quantize_k
+
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -20,8 +24,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_tiny_llama_gguf(path: Path, vocab: int, linear: str = "Q4_0", hidden: int = 64, inter: int = 128,
                           layers: int = 2, heads: int = 4, kv_heads: int = 2, std: float = 0.1, seed: int = 0,
-                          arch: str = "llama") -> Path:
-    """A random llama model as a GGUF file (linear weights ~ N(0, std): peaked logits, greedy far from ties)."""
+                          arch: str = "llama", types: dict[str, str] | None = None) -> Path:
+    """A random llama model as a GGUF file (linear weights ~ N(0, std): peaked logits, greedy far from ties);
+    `types` maps a llama.cpp tensor name to its type in place of the defaults (k-quants need inputs a multiple of
+    256)."""
     rng = np.random.default_rng(seed)
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(layers)
@@ -38,12 +44,15 @@ def write_tiny_llama_gguf(path: Path, vocab: int, linear: str = "Q4_0", hidden: 
     def add(name: str, shape: tuple[int, ...], kind: str, heads_of_rows: int | None = None, around: float = 0.0
             ) -> None:
         data = (around + rng.normal(0.0, std, shape)).astype(np.float32)
+        kind = (types or {}).get(name, kind)
         if heads_of_rows:
             data = _permute(data, heads_of_rows)
         if kind == "F32":
             writer.add_tensor(name, data)
         elif kind == "F16":
             writer.add_tensor(name, data.astype(np.float16))
+        elif kind in K_TYPES:
+            writer.add_tensor(name, quantize_k(data, kind), raw_dtype=GGMLQuantizationType[kind])
         else:
             qtype = GGMLQuantizationType[kind]
             writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)

@@ -1,9 +1,11 @@
-"""`--quantization gguf` (engine/quantization/gguf.py): a GGUF file's Q4_0/Q4_1 codes served as they are.
+"""`--quantization gguf` (engine/quantization/gguf.py): a GGUF file's Q4_0/Q4_1/Q4_K codes served as they are, the
+other common types (Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, Q6_K, Q8_0) dense.
 
 The unpacking is checked against the `gguf` package's own `dequantize` on every linear tensor of the shipped
 embedded GGUF and against ggml's published block layout by hand; the engine against HF transformers loading the
 same GGUF file (fp32: torch's int4 kernel then computes exactly the file's weights); the embedded model's codes
 against the bf16 model the repository has served so far (its weights are the same Q4_1 values rounded to bf16).
+The block decoders themselves: tests/engine/test_gguf_blocks.py.
 """
 
 from __future__ import annotations
@@ -117,10 +119,48 @@ def test_the_embedded_models_q4_1_codes_give_the_bf16_models_greedy_tokens(embed
     assert ours == [o.outputs[0].token_ids for o in dense.generate(prompts, params, use_tqdm=False)]
 
 
+# A Q4_K_M-like mix (layer 0: Q4_K with Q6_K attn_v and ffn_down, as llama.cpp's Q4_K_M writes them) and every
+# other served type; merged layers are 4-bit only when all their parts are (Q4_0 + Q4_K is).
+MIXED_TYPES = {"token_embd.weight": "Q4_K", "output.weight": "Q6_K",
+               **{f"blk.0.{n}.weight": t for n, t in [("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", "Q6_K"),
+                                                       ("attn_output", "Q4_K"), ("ffn_gate", "Q4_K"),
+                                                       ("ffn_up", "Q4_K"), ("ffn_down", "Q6_K")]},
+               **{f"blk.1.{n}.weight": t for n, t in [("attn_q", "Q4_K"), ("attn_k", "Q4_K"), ("attn_v", "Q4_K"),
+                                                       ("attn_output", "Q5_K"), ("ffn_gate", "Q5_0"),
+                                                       ("ffn_up", "Q5_1"), ("ffn_down", "Q3_K")]},
+               **{f"blk.2.{n}.weight": t for n, t in [("attn_q", "Q5_K"), ("attn_k", "Q2_K"), ("attn_v", "Q3_K"),
+                                                       ("attn_output", "Q4_K"), ("ffn_gate", "Q4_0"),
+                                                       ("ffn_up", "Q4_K"), ("ffn_down", "Q2_K")]}}
+MIXED_INT4 = ["layers.0.self_attn.o_proj", "layers.0.mlp.gate_up_proj", "layers.1.self_attn.qkv_proj",
+              "layers.2.self_attn.o_proj", "layers.2.mlp.gate_up_proj"]
+
+
+def test_a_k_quant_mix_matches_hf_on_the_same_file(tmp_path, embedded_model_dir):
+    """Q4_K layers as 4-bit codes (exact in fp32), the mixed and other types dense: greedy tokens equal
+    transformers' on the same file (it dequantizes every type with gguf-py); in bf16 the Q4_K layers take torch's
+    int4 kernel and the Q6_K head stays dense."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(embedded_model_dir))
+    path = write_tiny_llama_gguf(tmp_path / "tiny-Q4_K_M.gguf", vocab, hidden=256, inter=512, layers=3,
+                                 types=MIXED_TYPES)
+    llm = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="float32", max_model_len=256)
+    model = llm.engine.runner.model
+    int4 = sorted(n for n, m in model.named_modules() if isinstance(m.__dict__.get("quant_method"),
+                                                                      gguf_q.GgufInt4Method))
+    assert int4 == sorted(MIXED_INT4)
+    ours = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    assert ours == _hf_greedy_from_gguf(path)
+    bf16 = LLM(str(path), tokenizer=str(embedded_model_dir), dtype="bfloat16", max_model_len=256).engine.runner.model
+    kernel = sorted(n for n, m in bf16.named_modules() if getattr(m, "cpu_int_weight", None) is not None)
+    assert kernel == sorted(MIXED_INT4)  # the Q6_K LM head is dense
+
+
 def test_a_linear_tensor_of_another_type_is_refused_by_name(tmp_path, embedded_model_dir):
-    path = write_tiny_llama_gguf(tmp_path / "tiny-q5.gguf", 256, linear="Q5_0")
-    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight .* is Q5_0; --quantization gguf serves linear "
-                                         r"weights stored as Q4_0/Q4_1"):
+    path = write_tiny_llama_gguf(tmp_path / "tiny-mxfp4.gguf", 256, linear="MXFP4")
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight .* is MXFP4; --quantization gguf serves linear "
+                                         r"weights stored as Q4_0/Q4_1/Q4_K \(4-bit codes\) or Q8_0/F16/BF16/F32/"
+                                         r"Q5_0/Q5_1/Q2_K/Q3_K/Q5_K/Q6_K \(dense\)"):
         LLM(str(path), tokenizer=str(embedded_model_dir), dtype="float32", max_model_len=256)
 
 
