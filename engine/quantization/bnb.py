@@ -47,6 +47,9 @@ class BnbMethod(LinearMethod):
     def __init__(self, quant_type: str, prequantized: bool) -> None:
         self.quant_type = quant_type
         self.prequantized = prequantized
+        # The 16 table values, one tensor on the codes' device shared by every layer of the method (not a buffer
+        # of each: 64 bytes a layer the fit check would have to count).
+        self.values: torch.Tensor | None = None
 
     def create_weights(self, layer: Any) -> None:
         """The codes and block scales in place of the weight (pre-quantized), or the dense weight kept for
@@ -61,17 +64,19 @@ class BnbMethod(LinearMethod):
             replace_parameter(layer, "weight_absmax", torch.zeros(rows, cols // BLOCK, dtype=torch.float32))
 
     def process_weights(self, layer: Any) -> None:
-        """Quantize a dense weight (in-flight); keep the table beside the codes, on their device."""
+        """Quantize a dense weight (in-flight); put the table on the codes' device."""
         if not self.prequantized:
             packed, absmax = quantize_4bit_blocks(layer.weight.data, self.quant_type)
             del layer.weight
             replace_parameter(layer, "weight_packed", packed)
             replace_parameter(layer, "weight_absmax", absmax)
-        layer.register_buffer("weight_table", table(self.quant_type, layer.weight_packed.device))
+        if self.values is None or self.values.device != layer.weight_packed.device:
+            self.values = table(self.quant_type, layer.weight_packed.device)
 
     def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """W4A16 through the table (Triton on CUDA, the reference elsewhere)."""
-        return nf4_linear(x, layer.weight_packed, layer.weight_absmax, layer.weight_table, bias)
+        assert self.values is not None, "process_weights has run"
+        return nf4_linear(x, layer.weight_packed, layer.weight_absmax, self.values, bias)
 
 
 def linear_method(qcfg: dict[str, Any] | None) -> LinearMethod:
