@@ -219,7 +219,9 @@ def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> Lin
 FP8_STORAGE = LinearStorage(8, None, 4)
 # bitsandbytes 4-bit (a checkpoint's nf4 / fp4, or --quantization bitsandbytes at load; engine/quantization/bnb.py):
 # two codes a byte and a float32 absmax a block of 64 inputs, a checkpoint's double-quantized absmax decoded at load.
-BNB_STORAGE = LinearStorage(4, 64, 4)
+# The block is kernels/nf4_linear.py's BLOCK (that module imports torch; tests/operator/test_admission.py compares).
+BNB_BLOCK = 64
+BNB_STORAGE = LinearStorage(4, BNB_BLOCK, 4)
 # An activation-order layer's input order: an int32 an input.
 ACT_ORDER_INDEX_BYTES = 4
 
