@@ -9,7 +9,8 @@ operator reads an override's with the same ones: the fit check counts the weight
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
-activation_scheme and ignored_layers, bitsandbytes' 4-bit type, storage and skipped modules; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live
+activation_scheme and ignored_layers, bitsandbytes' 4-bit type, storage and skipped modules;
+`act_order_parallel_problem`: activation order over tensor-parallel ranks) live
 here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
@@ -63,11 +64,13 @@ def flag_disagrees(qcfg: Any, flag: str | None) -> bool:
 def weight_bits(qcfg: Any) -> int | None:
     """Bits of a linear weight under a quantization_config, as the engine loads them: compressed-tensors' config
     group's weights.num_bits (an integer), GPTQ's bits and AWQ's bits or w_bit (int() of the value, so `true` is 1 and
-    "8" is 8; 4 when absent), fp8's 8, bitsandbytes' 4 (8 for load_in_8bit alone); None for no scheme or another one. ValueError, naming the value, for bits
+    "8" is 8; 4 when absent), fp8's 8, bitsandbytes' 4 (8 for load_in_8bit alone); None for no scheme or another
+    one. ValueError, naming the value, for bits
     that are no number or that the scheme does not load (`CHECKPOINT_BITS`)."""
     method = config_method(qcfg)
     if method == "fp8":
         return 8
+    bits: int | None
     if method == "bitsandbytes":
         bits = 8 if qcfg.get("load_in_8bit") and not qcfg.get("load_in_4bit") else 4
     elif method in ("gptq", "awq"):

@@ -94,10 +94,8 @@ def _nf4_kernel(
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + half[None, :]
     a_ptrs = a_ptr + cols.to(tl.int64) * stride_an
-    if SWAP_AB:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    # few rows: the weight tile is the MMA's wide side, the accumulator transposed
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAP_AB else [BLOCK_M, BLOCK_N], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         # K is whole blocks (the layout's rule): only rows and columns are masked
         byte = tl.load(w_ptrs + k0 // 2, mask=col_ok[:, None], other=0).to(tl.int32)

@@ -229,8 +229,9 @@ def _bnb_rules(spec: InferenceServiceSpec) -> list[str]:
         return []
     tensor = spec.parallelism.tensor
     head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
-    inputs = {"hiddenSize": arch.hidden_size, "numAttentionHeads x headDim / tensor":
-              arch.num_attention_heads * head_dim // tensor, "intermediateSize / tensor": arch.intermediate_size // tensor}
+    inputs = {"hiddenSize": arch.hidden_size,
+              "numAttentionHeads x headDim / tensor": arch.num_attention_heads * head_dim // tensor,
+              "intermediateSize / tensor": arch.intermediate_size // tensor}
     bad = [f"{what} = {n}" for what, n in inputs.items() if n % BNB_BLOCK]
     if not bad:
         return []
