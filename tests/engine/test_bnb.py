@@ -144,3 +144,10 @@ def test_a_checkpoint_missing_a_piece_or_of_other_blocks_is_refused(bnb_llama, t
         LLM(str(path), max_model_len=256)
     with pytest.raises(ConfigError, match="does not match the checkpoint"):
         EngineConfig.from_kwargs(str(path), quantization="fp8")
+
+
+def test_two_tensor_ranks_load_their_rows_and_blocks(bnb_llama, tmp_path):
+    """At tensor parallel 2 the codes and absmax go where their rows go (q/k/v, gate/up by rows; o and down by
+    inputs, 64 and 128 a rank: whole blocks): greedy tokens equal HF's on the dequantized weights."""
+    path = bnb_checkpoint(bnb_llama, tmp_path, "nf4", True)
+    assert _engine_tokens(path, tensor_parallel_size=2) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
