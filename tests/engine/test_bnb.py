@@ -6,6 +6,7 @@ models), and HF loading the checkpoint itself with bitsandbytes on the CPU: gree
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,24 @@ def test_two_tensor_ranks_load_their_rows_and_blocks(bnb_llama, tmp_path):
     inputs, 64 and 128 a rank: whole blocks): greedy tokens equal HF's on the dequantized weights."""
     path = bnb_checkpoint(bnb_llama, tmp_path, "nf4", True)
     assert _engine_tokens(path, tensor_parallel_size=2) == hf_greedy(path / "dequantized", PROMPTS, TOKENS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bnb_greedy_tokens_equal_the_cpu_reference(bnb_llama, tmp_path):
+    """On CUDA the Triton lookup-table GEMM runs every linear layer (swap-AB decode tiles inside the decode CUDA
+    graphs, the prefill tiles) in fp32 (exact dots, as the CPU reference): the CPU engine's greedy tokens, from a
+    double-quantized nf4 checkpoint and from nf4 made at load on the GPU."""
+    path = bnb_checkpoint(bnb_llama, tmp_path, "nf4", True)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 1024) for _ in range(rng.randint(3, 70))] for _ in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+    def greedy(model: Path, **kwargs) -> list[list[int]]:
+        llm = LLM(str(model), max_model_len=256, **kwargs)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    on_gpu = {"device": "cuda", "dtype": "float32", "gpu_memory_utilization": 0.3}
+    assert greedy(path, **on_gpu) == greedy(path, device="cpu")
+    assert greedy(bnb_llama, quantization="bitsandbytes", **on_gpu) == greedy(bnb_llama, quantization="bitsandbytes",
+                                                                              device="cpu")
