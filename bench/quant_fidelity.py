@@ -13,6 +13,7 @@ largest power of two that divides every input width. "W8A8 (int8)" is compressed
 (int8 weights per channel, int8 activations per token at run time, format int-quantized). These are
 round-to-nearest (min/max per group);
 "RTN W4 g32" is `--quantization rtn` with RTN_NUM_BITS=4 RTN_GROUP_SIZE=32 (symmetric, made at load);
+"bnb nf4 at load" is `--quantization bitsandbytes` (nf4 in blocks of 64 with a float32 absmax, made at load);
 "GGUF Q4_1 codes" serves the shipped GGUF file's own Q4_1 codes (`--quantization gguf`, implied by the .gguf
 model): the unquantized reference is the same values rounded to bf16, so it is held to fp8's floors;
 `--checkpoint NAME=DIR` scores a ready-made checkpoint directory as well (e.g. a GPTQ-calibrated one
@@ -41,7 +42,7 @@ sys.path.insert(0, str(REPO / "tests" / "engine"))
 FLOORS = {"fp8 W8A8": (0.97, 1.02), "W8A16 (int8)": (0.97, 1.02), "W8A8 (int8)": (0.97, 1.02),
           "W4A16 g64": (None, 1.10), "W4A16 g64 asym": (None, 1.10), "W4A16 g32 asym": (None, 1.10),
           "fp8 KV": (0.98, 1.01), "fp8 KV calculated scales": (0.98, 1.01), "RTN W4 g32": (None, 1.10),
-          "GGUF Q4_1 codes": (0.97, 1.02)}
+          "GGUF Q4_1 codes": (0.97, 1.02), "bnb nf4 at load": (None, 1.10)}
 # variants made at load by the engine from the environment (vLLM's RTN_* variables), not by a checkpoint
 VARIANT_ENV = {"RTN W4 g32": {"RTN_NUM_BITS": "4", "RTN_GROUP_SIZE": "32"}}
 INT4_FLOORS = (None, 1.10)  # a checkpoint directory (--checkpoint) is held to the int4 floor
@@ -100,6 +101,7 @@ def main() -> None:
         "fp8 KV": (str(base), {"kv_cache_dtype": "fp8"}),
         "fp8 KV calculated scales": (str(base), {"kv_cache_dtype": "fp8", "calculate_kv_scales": True}),
         "RTN W4 g32": (str(base), {"quantization": "rtn"}),
+        "bnb nf4 at load": (str(base), {"quantization": "bitsandbytes"}),
         # The shipped file itself as the model (quantization implied), the converted directory's tokenizer.
         "GGUF Q4_1 codes": (str(embedded_gguf_path()), {"tokenizer": str(base)}),
     }

@@ -235,15 +235,16 @@ FLAGS: tuple[Flag, ...] = (
         "Weight quantization method: fp8 quantizes a bf16/fp16 checkpoint at load (per-channel e4m3 "
         "weights, dynamic per-token activations); rtn rounds a checkpoint's weights to nearest at load, "
         "weight-only (RTN_NUM_BITS 8 or 4, default 8; RTN_GROUP_SIZE inputs per scale, default 128, -1 per "
-        "row); awq, gptq and compressed-tensors name a pre-quantized "
+        "row); bitsandbytes quantizes a checkpoint's weights to nf4 in blocks of 64 at load, or serves a bitsandbytes "
+        "4-bit (nf4 / fp4) checkpoint; awq, gptq and compressed-tensors name a pre-quantized "
         "checkpoint's format, which is also detected from its config.json without the flag; gguf serves a "
         ".gguf model file's weights, Q4_0/Q4_1/Q4_K as their 4-bit codes, the other common types (Q5_*, "
         "Q2_K/Q3_K/Q5_K/Q6_K, Q8_0) dequantized (implied by a .gguf model; with no model, the "
         "embedded model's own Q4_1 GGUF).",
         "model",
         crd_field="quantization",
-        choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
-        supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
+        choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf", "bitsandbytes"),
+        supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf", "bitsandbytes"),
     ),
     Flag(
         "--hf-overrides",

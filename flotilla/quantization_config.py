@@ -9,7 +9,8 @@ operator reads an override's with the same ones: the fit check counts the weight
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
-activation_scheme and ignored_layers; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live
+activation_scheme and ignored_layers, bitsandbytes' 4-bit type, storage and skipped modules;
+`act_order_parallel_problem`: activation order over tensor-parallel ranks) live
 here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
@@ -22,7 +23,7 @@ from typing import Any
 
 # The schemes a checkpoint's quantization_config may name for the engine to load (rtn quantizes a dense checkpoint
 # at load, and the engine refuses it over a quantized one), and the bits of a weight each loads.
-CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,)}
+CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,), "bitsandbytes": (4,)}
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
 # compressed-tensors' formats of 8-bit float weights, and of int8 W8A8 (int8 codes stored as they are).
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
@@ -63,12 +64,16 @@ def flag_disagrees(qcfg: Any, flag: str | None) -> bool:
 def weight_bits(qcfg: Any) -> int | None:
     """Bits of a linear weight under a quantization_config, as the engine loads them: compressed-tensors' config
     group's weights.num_bits (an integer), GPTQ's bits and AWQ's bits or w_bit (int() of the value, so `true` is 1 and
-    "8" is 8; 4 when absent), fp8's 8; None for no scheme or another one. ValueError, naming the value, for bits
+    "8" is 8; 4 when absent), fp8's 8, bitsandbytes' 4 (8 for load_in_8bit alone); None for no scheme or another
+    one. ValueError, naming the value, for bits
     that are no number or that the scheme does not load (`CHECKPOINT_BITS`)."""
     method = config_method(qcfg)
     if method == "fp8":
         return 8
-    if method in ("gptq", "awq"):
+    bits: int | None
+    if method == "bitsandbytes":
+        bits = 8 if qcfg.get("load_in_8bit") and not qcfg.get("load_in_4bit") else 4
+    elif method in ("gptq", "awq"):
         value = _packed_bits_value(qcfg, method)
         bits = _engine_int(value)
         if bits is None:
@@ -186,6 +191,43 @@ def check_layout(qcfg: dict[str, Any]) -> None:
         packed_group_size(qcfg)
     elif method == "compressed-tensors":
         _check_compressed_tensors(qcfg)
+    elif method == "bitsandbytes":
+        _check_bnb(qcfg)
+
+
+def bnb_quant_type(qcfg: dict[str, Any]) -> str:
+    """A bitsandbytes 4-bit quantization_config's bnb_4bit_quant_type, lower-cased (fp4 when absent, as transformers'
+    BitsAndBytesConfig has it)."""
+    return str(qcfg.get("bnb_4bit_quant_type") or "fp4").lower()
+
+
+def _check_bnb(qcfg: dict[str, Any]) -> None:
+    """bitsandbytes 4-bit (load_in_4bit) nf4 or fp4 weights in uint8 storage, with or without double quantization,
+    every decoder linear layer quantized (llm_int8_skip_modules may name the LM head and modules this engine does not
+    build; engine/quantization/bnb.py). 8-bit (LLM.int8()) is refused."""
+    weight_bits(qcfg)  # 4: load_in_8bit alone is 8, refused there
+    if not qcfg.get("load_in_4bit"):
+        raise ValueError("bitsandbytes: load_in_4bit is not true; 4-bit checkpoints (load_in_4bit) are supported")
+    if bnb_quant_type(qcfg) not in ("nf4", "fp4"):
+        raise ValueError(f"bitsandbytes: bnb_4bit_quant_type {qcfg.get('bnb_4bit_quant_type')!r}; nf4 or fp4 is "
+                         "supported")
+    storage = str(qcfg.get("bnb_4bit_quant_storage") or "uint8")
+    if storage != "uint8":
+        raise ValueError(f"bitsandbytes: bnb_4bit_quant_storage {storage!r}; uint8 is supported")
+    entries = qcfg.get("llm_int8_skip_modules") or []
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ValueError(f"bitsandbytes: llm_int8_skip_modules {entries!r} is not a list of module names")
+    kept = [e for e in entries if _skips_a_decoder_linear(e)]
+    if kept:
+        raise ValueError(f"bitsandbytes checkpoints with unquantized decoder layers (llm_int8_skip_modules "
+                         f"{kept[:3]}) are not supported; only the LM head and other modules may be left out")
+
+
+def _skips_a_decoder_linear(entry: str) -> bool:
+    """Whether a llm_int8_skip_modules entry keeps one of the decoder's linear layers dense, matched as transformers
+    does: the entry is a whole dotted part of the layer's name (`down_proj`, `mlp`, `layers.3.mlp.down_proj`)."""
+    dotted = f".{entry.strip('.')}."
+    return any(dotted in f".model.layers.{i}.{p}." for i in range(_LAYERS) for p in _PROJECTIONS)
 
 
 def _check_fp8(qcfg: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from flotilla.kernels.launch_knobs import KnobSyntax
 from flotilla.kernels.layernorm import rms_norm_ref
 from flotilla.kernels.lora import lora_apply_ref, lora_stacked_expand_ref
 from flotilla.kernels.moe import fused_experts_ref, topk_routing_ref
+from flotilla.kernels.nf4_linear import nf4_linear_ref
 from flotilla.kernels.packed_int_linear import PackedInt4, packed_int_linear_ref
 from flotilla.kernels.paged_attention import write_kv_cache_ref
 from flotilla.kernels.rotary import apply_rotary_ref
@@ -637,6 +638,23 @@ def fp8_block_linear(
         if supported(x, w_fp8, scale, block):
             return fp8_block_linear_triton(x, w_fp8, scale, block, bias)
     return fp8_block_linear_ref(x, w_fp8, scale, block, bias)
+
+
+def nf4_linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`x @ W^T + b` with a bitsandbytes 4-bit weight (`nf4_linear.py`: codes through the 16-value table `values`
+    times a float32 absmax a block of 64 inputs), at every row count: the Triton lookup-table GEMM on CUDA, else the
+    reference (the CPU path)."""
+    if x.is_cuda:
+        from flotilla.kernels.triton_nf4_linear import nf4_linear as nf4_linear_triton
+
+        return nf4_linear_triton(x, packed, absmax, values, bias)
+    return nf4_linear_ref(x, packed, absmax, values, bias)
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -24,7 +24,7 @@ from flotilla.operator.deployment import OPERATOR_ENV
 from flotilla.operator.engine_args import unsupported
 from flotilla.operator.engine_env import engine_env_problem, env_from_prefix_problem
 from flotilla.operator.exec_size import exec_problems
-from flotilla.operator.fit import GGUF_BLOCK, FitReport, check_fit, rtn_env
+from flotilla.operator.fit import BNB_BLOCK, GGUF_BLOCK, FitReport, check_fit, rtn_env
 from flotilla.operator.lora_volumes import pod_names
 from flotilla.operator.message_limit import join_errors
 from flotilla.operator.names import (
@@ -221,6 +221,24 @@ def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
     return errors
 
 
+def _bnb_rules(spec: InferenceServiceSpec) -> list[str]:
+    """bitsandbytes 4-bit (engine/quantization/bnb.py): every rank's layer inputs make whole blocks of 64 (the
+    engine refuses a layer at start-up otherwise)."""
+    arch = spec.architecture
+    if spec.weight_quantization != "bitsandbytes" or arch is None:
+        return []
+    tensor = spec.parallelism.tensor
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    inputs = {"hiddenSize": arch.hidden_size,
+              "numAttentionHeads x headDim / tensor": arch.num_attention_heads * head_dim // tensor,
+              "intermediateSize / tensor": arch.intermediate_size // tensor}
+    bad = [f"{what} = {n}" for what, n in inputs.items() if n % BNB_BLOCK]
+    if not bad:
+        return []
+    return [f"spec.quantization: a bitsandbytes 4-bit layer takes its inputs in blocks of {BNB_BLOCK} on every GPU, "
+            f"but {', '.join(bad)} is not a multiple of {BNB_BLOCK}; choose another tensor size or quantization"]
+
+
 # One pod holds every rank of a replica, so a replica must fit one node; H200/H100 nodes hold 8 GPUs.
 MAX_GPUS_PER_NODE = 8
 
@@ -317,7 +335,8 @@ def review(spec: dict[str, Any], name: str, policy: AdmissionPolicy = DEFAULT_PO
     result = Review(spec=_settled(parsed, policy), errors=name_errors + _source_rules(parsed, policy)
                     + _autoscaling_rules(parsed, policy) + _label_rules(parsed) + _scheduling_rules(parsed)
                     + _pod_rules(parsed, policy)
-                    + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _parallel_rules(parsed)
+                    + _dtype_rules(parsed) + _rtn_rules(parsed) + _gguf_rules(parsed) + _bnb_rules(parsed)
+                    + _parallel_rules(parsed)
                     + _lora_rules(parsed, name)
                     + unsupported(parsed, name) + exec_problems(parsed, name))
     result.fit = check_fit(parsed)

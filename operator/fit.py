@@ -34,6 +34,8 @@ What is counted, per replica:
   when absent, -1 one group a row), compressed-tensors' config group's weights (`compressed_tensors_group_size`:
   group_size under strategy "group", a row under "channel"; type "float", and int8 W8A8 in format int-quantized:
   fp8's figure).
+  bitsandbytes (a 4-bit checkpoint, or nf4 at load): 0.5 + a float32 absmax a block of 64 inputs (4/64), a
+  checkpoint's double-quantized absmax as the engine holds it, decoded (engine/quantization/bnb.py): 0.5625.
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
   128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
@@ -215,6 +217,11 @@ def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> Lin
 # W8A8 (engine/quantization/int8.py): one float32 scale an output row (engine/quantization/fp8.py; a per-tensor
 # checkpoint scale is spread over the rows).
 FP8_STORAGE = LinearStorage(8, None, 4)
+# bitsandbytes 4-bit (a checkpoint's nf4 / fp4, or --quantization bitsandbytes at load; engine/quantization/bnb.py):
+# two codes a byte and a float32 absmax a block of 64 inputs, a checkpoint's double-quantized absmax decoded at load.
+# The block is kernels/nf4_linear.py's BLOCK (that module imports torch; tests/operator/test_admission.py compares).
+BNB_BLOCK = 64
+BNB_STORAGE = LinearStorage(4, BNB_BLOCK, 4)
 # An activation-order layer's input order: an int32 an input.
 ACT_ORDER_INDEX_BYTES = 4
 
@@ -232,6 +239,8 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         return FP8_STORAGE
     if quantization == "rtn":
         return packed_int_storage(*rtn, dtype)
+    if quantization == "bitsandbytes":
+        return BNB_STORAGE
     qcfg = quantization_config if config_method(quantization_config) == quantization else None
     bits = config_weight_bits(qcfg) or arch.weight_bits
     if quantization in ("gptq", "awq"):

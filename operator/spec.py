@@ -688,12 +688,14 @@ class InferenceServiceSpec(_Model):
                                     "(last-token pooled, normalised), or /classify and cross-encoder /score for "
                                     "*ForSequenceClassification architectures; auto picks pooling for *Model and "
                                     "*ForSequenceClassification architectures.")
-    quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"] = Field(
+    quantization: Literal["none", "fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf",
+                          "bitsandbytes"] = Field(
         default="none", description="Weight quantization (--quantization); a pre-quantized checkpoint's scheme "
                                     "(awq, gptq, compressed-tensors) may also be left to the engine to detect. "
                                     "rtn: round-to-nearest at load, 8 bits unless pod.env sets RTN_NUM_BITS=4 "
                                     "(RTN_GROUP_SIZE: inputs per scale, default 128). gguf: model.source is a .gguf "
-                                    "file, its Q4_0/Q4_1 codes served as stored (implied by a .gguf source).")
+                                    "file, its Q4_0/Q4_1 codes served as stored (implied by a .gguf source). "
+                                    "bitsandbytes: nf4 in blocks of 64 at load, or a bitsandbytes 4-bit checkpoint.")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Batching limits.")
     speculative: SpeculativeSpec | None = Field(

@@ -5,7 +5,7 @@ One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 
 (block-scaled fp8 checkpoints), `int8.py` (compressed-tensors' int8 W8A8), `packed_int.py` (4/8-bit weight-only
 integers), `rtn.py` (those, rounded at load),
 `compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
-file's own 4-bit codes).
+file's own 4-bit codes), `bnb.py` (bitsandbytes 4-bit checkpoints, or nf4 at load).
 The layers' hook is in `engine/layers/linear.py`.
 """
 
@@ -31,7 +31,7 @@ from flotilla.quantization_config import (
 )
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
-SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf")
+SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf", "bitsandbytes")
 # The checkpoint formats (`--quantization` names them, the checkpoint's quantization_config describes them): their
 # modules, imported when a model of the format is served.
 _FORMATS = {"compressed-tensors": "compressed_tensors", "gptq": "gptq", "awq": "awq"}
@@ -95,6 +95,10 @@ def linear_method(method: str, hf_config: dict[str, Any]) -> LinearMethod:
         if qcfg is not None:
             raise ValueError("--quantization rtn quantizes a dense checkpoint; this one is already quantized")
         return RtnMethod(*rtn_settings())
+    if method == "bitsandbytes":  # the checkpoint's 4-bit codes, or a dense checkpoint quantized to nf4 at load
+        from flotilla.engine.quantization.bnb import linear_method as bnb_method
+
+        return bnb_method(qcfg)
     if method == "gguf":
         from flotilla.engine.quantization.gguf import GgufInt4Method
 
@@ -131,6 +135,10 @@ def convert_checkpoint(
     qcfg = checkpoint_quantization(hf_config)
     if method in _FORMATS and qcfg is not None:
         return _format(method).convert_tensors(tensors, qcfg)
+    if method == "bitsandbytes" and qcfg is not None:  # each weight's pieces -> codes and float32 absmax
+        from flotilla.engine.quantization.bnb import convert_tensors as bnb_tensors
+
+        return bnb_tensors(tensors, qcfg)
     if method == "fp8" and fp8_block_size(qcfg) is not None:  # `weight_scale_inv` -> `weight_scale`
         from flotilla.engine.quantization.fp8_block import convert_tensors
 

@@ -358,9 +358,13 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
     ("fp8", {"quant_method": "compressed-tensors"},
      "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'compressed-tensors' does not match "
      "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them agree"),
-    ("none", {"quant_method": "bitsandbytes"},
-     "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'bitsandbytes' is not one the engine loads "
-     "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq)"),
+    ("none", {"quant_method": "hqq"},
+     "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'hqq' is not one the engine loads "
+     "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq, bitsandbytes)"),
+    ("none", {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, None),
+    ("none", {"quant_method": "bitsandbytes", "load_in_8bit": True},
+     "spec.engineArgs: --hf-overrides: quantization_config: bitsandbytes with 8-bit weights is not supported (4 "
+     "bits)"),
     ("none", {"quant_method": "awq", "bits": 8},
      "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not supported (4 bits)"),
     # bits read as the engine's int(): true is 1 bit (refused), "8" is 8, text is no number (refused)

@@ -92,6 +92,13 @@ CASES = {
         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
             "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128], "symmetric": True}}}}},
         {}, "compressed-tensors", 8, "auto"),
+    # bitsandbytes 4-bit: two codes a byte and a float32 absmax a block of 64 inputs, at load or from a checkpoint
+    # (double quantization decoded: the same bytes)
+    "bnb-at-load": ({}, {"quantization": "bitsandbytes"}, "bitsandbytes", None, "auto"),
+    "bnb-nf4-checkpoint": ({"quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                                    "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                                                    "llm_int8_skip_modules": ["lm_head"]}}, {}, "bitsandbytes", None,
+                           "auto"),
 }
 
 
