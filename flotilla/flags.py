@@ -235,14 +235,17 @@ FLAGS: tuple[Flag, ...] = (
         "Weight quantization method: fp8 quantizes a bf16/fp16 checkpoint at load (per-channel e4m3 "
         "weights, dynamic per-token activations); rtn rounds a checkpoint's weights to nearest at load, "
         "weight-only (RTN_NUM_BITS 8 or 4, default 8; RTN_GROUP_SIZE inputs per scale, default 128, -1 per "
-        "row); awq, gptq and compressed-tensors name a pre-quantized "
-        "checkpoint's format, which is also detected from its config.json without the flag; gguf serves a "
+        "row); awq, gptq, compressed-tensors, modelopt (NVIDIA ModelOpt FP8) and fbgemm_fp8 (Meta's FP8) name a "
+        "pre-quantized checkpoint's format, which is also detected from its config.json without the flag "
+        "(gptq_marlin and awq_marlin, vLLM's kernel names, name gptq and awq); gguf serves a "
         ".gguf model file's Q4_0/Q4_1 codes as they are (implied by a .gguf model; with no model, the "
         "embedded model's own Q4_1 GGUF).",
         "model",
         crd_field="quantization",
-        choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
-        supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf"),
+        choices=("fp8", "int8", "rtn", "awq", "gptq", "compressed-tensors", "gguf", "modelopt", "fbgemm_fp8",
+                 "gptq_marlin", "awq_marlin"),
+        supported_values=("fp8", "rtn", "awq", "gptq", "compressed-tensors", "gguf", "modelopt", "fbgemm_fp8",
+                          "gptq_marlin", "awq_marlin"),
     ),
     Flag(
         "--hf-overrides",

@@ -18,12 +18,19 @@ Standard library only (the operator's webhook imports it).
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatch
 from typing import Any
 
 # The schemes a checkpoint's quantization_config may name for the engine to load (rtn quantizes a dense checkpoint
 # at load, and the engine refuses it over a quantized one), and the bits of a weight each loads.
-CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,)}
+CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,), "modelopt": (8,),
+                   "fbgemm_fp8": (8,)}
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
+# vLLM's --quantization names of a kernel for a checkpoint format the engine runs, and the format each names: vLLM
+# upgrades a gptq / awq checkpoint to its Marlin kernel itself, so either name beside such a checkpoint runs it.
+KERNEL_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
+# NVIDIA ModelOpt's file beside config.json in its older exports (the same settings under "quantization").
+MODELOPT_FILE = "hf_quant_config.json"
 # compressed-tensors' formats of 8-bit float weights, and of int8 W8A8 (int8 codes stored as they are).
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 INT8_W8A8_FORMAT = "int-quantized"
@@ -57,7 +64,12 @@ def flag_disagrees(qcfg: Any, flag: str | None) -> bool:
     """Whether a --quantization `flag` (None: not given) and a quantization_config name different schemes, which
     the engine refuses to start with. One without quant_method names none, and disagrees with any flag, as vLLM's
     config check has it (its quant_method, None, is not the flag's)."""
-    return flag is not None and describes_checkpoint(qcfg) and flag != config_method(qcfg)
+    return flag is not None and describes_checkpoint(qcfg) and flag_method(flag) != config_method(qcfg)
+
+
+def flag_method(flag: str | None) -> str | None:
+    """The scheme a --quantization value names: a kernel alias's format (`KERNEL_ALIASES`), else the value."""
+    return KERNEL_ALIASES.get(flag, flag) if flag is not None else None
 
 
 def weight_bits(qcfg: Any) -> int | None:
@@ -66,7 +78,7 @@ def weight_bits(qcfg: Any) -> int | None:
     "8" is 8; 4 when absent), fp8's 8; None for no scheme or another one. ValueError, naming the value, for bits
     that are no number or that the scheme does not load (`CHECKPOINT_BITS`)."""
     method = config_method(qcfg)
-    if method == "fp8":
+    if method in ("fp8", "modelopt", "fbgemm_fp8"):
         return 8
     if method in ("gptq", "awq"):
         value = _packed_bits_value(qcfg, method)
@@ -176,6 +188,10 @@ def check_layout(qcfg: dict[str, Any]) -> None:
     method = config_method(qcfg)
     if method == "fp8":
         _check_fp8(qcfg)
+    elif method == "modelopt":
+        modelopt_settings(qcfg)
+    elif method == "fbgemm_fp8":
+        fbgemm_activation_ub(qcfg)
     elif method == "gptq":
         _check_gptq(qcfg)
     elif method == "awq":
@@ -411,7 +427,11 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
 
 
 def _method_text(qcfg: dict[str, Any]) -> str:
-    """quant_method lower-cased, "" where it is absent, empty or null."""
+    """quant_method lower-cased, "" where it is absent, empty or null; "modelopt" for ModelOpt's hf_quant_config.json
+    (no quant_method, its producer named modelopt), as vLLM reads it."""
+    producer = qcfg.get("producer")
+    if not qcfg.get("quant_method") and isinstance(producer, dict) and producer.get("name") == "modelopt":
+        return "modelopt"
     return str(qcfg.get("quant_method") or "").lower()
 
 
@@ -426,3 +446,73 @@ def _engine_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def with_modelopt_file(hf_config: dict[str, Any], model_files: dict[str, Any] | None) -> dict[str, Any]:
+    """`hf_config` with ModelOpt's `hf_quant_config.json` (`model_files`: its parsed text, None where the model has
+    none) as its quantization_config where config.json has none, as vLLM reads an older ModelOpt export."""
+    if model_files is None or "quantization_config" in hf_config:
+        return hf_config
+    return {**hf_config, "quantization_config": model_files}
+
+
+def modelopt_settings(qcfg: dict[str, Any]) -> tuple[str, str | None]:
+    """A ModelOpt quantization_config's weight algorithm and KV-cache algorithm (None: none), upper-cased, read as
+    vLLM does: under `quantization` (hf_quant_config.json's layout: quant_algo, kv_cache_quant_algo, exclude_modules)
+    or at the top (config.json's: quant_algo, kv_cache_quant_algo or an 8-bit float kv_cache_scheme, exclude_modules
+    or ignore). ValueError for algorithms the engine does not run (FP8 is: e4m3 weights with a per-tensor scale and a
+    static per-tensor input scale) or an excluded decoder linear layer."""
+    nested = qcfg.get("quantization")
+    settings = nested if isinstance(nested, dict) else qcfg
+    algo = str(settings.get("quant_algo") or "").upper()
+    if algo != "FP8":
+        raise ValueError(f"modelopt quant_algo {settings.get('quant_algo')!r} is not supported; FP8 (per-tensor e4m3 "
+                         "weights, static input scales) is")
+    kv = settings.get("kv_cache_quant_algo")
+    scheme = settings.get("kv_cache_scheme")
+    if kv is None and isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+        kv = "FP8"
+    if kv is not None and str(kv).upper() != "FP8":
+        raise ValueError(f"modelopt kv_cache_quant_algo {kv!r} is not supported; FP8 or null is")
+    key = "exclude_modules" if "exclude_modules" in settings else "ignore"
+    entries = settings.get(key) or []
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ValueError(f"modelopt: {key} {entries!r} is not a list of layer names")
+    kept = [e for e in entries if _modelopt_excludes_a_decoder_linear(e)]
+    if kept:  # one method runs every decoder linear layer
+        raise ValueError(f"modelopt checkpoints with unquantized decoder layers ({key} {kept[:3]}) are not "
+                         "supported; only the LM head may be left out")
+    return algo, None if kv is None else "FP8"
+
+
+def _modelopt_excludes_a_decoder_linear(entry: str) -> bool:
+    """Whether a ModelOpt exclude_modules entry names one of the decoder's linear layers, matched as vLLM does: a
+    wildcard (`fnmatch`) on the layer's name, or a part of it (`lm_head`, `*lm_head*`: no decoder layer)."""
+    names = (f"model.layers.{i}.{p}" for i in range(_LAYERS) for p in _PROJECTIONS)
+    return any(entry in name or fnmatch(name, entry) for name in names)
+
+
+def fbgemm_activation_ub(qcfg: dict[str, Any]) -> float:
+    """fbgemm_fp8's upper bound on a token's activation absolute maximum (`activation_scale_ub`): its per-token
+    scale is min(amax, bound) / 448. ValueError where it is no positive number, or where modules_to_not_convert
+    leaves a decoder linear layer unquantized."""
+    bound = qcfg.get("activation_scale_ub")
+    if isinstance(bound, bool) or not isinstance(bound, int | float) or not bound > 0:
+        raise ValueError(f"fbgemm_fp8's activation_scale_ub {bound!r} is not a positive number")
+    kept = _decoder_linears_left_out(qcfg, "modules_to_not_convert")
+    if kept:  # Meta's Llama-3.1-405B-FP8 keeps attention in bf16: a dense method a layer is not built yet
+        raise ValueError(f"fbgemm_fp8 checkpoints with unquantized decoder layers (modules_to_not_convert "
+                         f"{kept[:3]}) are not supported; only the LM head may be left out")
+    return float(bound)
+
+
+def checkpoint_kv_cache_dtype(kv_cache_dtype: str, qcfg: Any) -> str:
+    """The KV-cache dtype the engine runs for --kv-cache-dtype `kv_cache_dtype`: `auto` over a ModelOpt checkpoint
+    whose KV-cache algorithm is FP8 is fp8_e4m3 (vLLM's reading: the checkpoint's k_scale / v_scale were calibrated
+    for it); any other value as given."""
+    if kv_cache_dtype != "auto" or config_method(qcfg) != "modelopt":
+        return kv_cache_dtype
+    try:
+        return "fp8_e4m3" if modelopt_settings(qcfg)[1] == "FP8" else kv_cache_dtype
+    except ValueError:  # refused where the scheme is resolved
+        return kv_cache_dtype
