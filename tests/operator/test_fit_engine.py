@@ -92,6 +92,14 @@ CASES = {
         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
             "num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128], "symmetric": True}}}}},
         {}, "compressed-tensors", 8, "auto"),
+    # NVIDIA ModelOpt FP8: a float32 scale a tensor spread over its rows, and a float32 static input scale a layer;
+    # kv_cache_quant_algo FP8 makes --kv-cache-dtype auto an fp8 cache
+    "modelopt-fp8-kv-fp8": ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8",
+                                                     "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}},
+                            {}, "modelopt", None, "fp8"),
+    # Meta's fbgemm_fp8: a float32 scale a row, dynamic per-token activations
+    "fbgemm-fp8": ({"quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                            "modules_to_not_convert": ["lm_head"]}}, {}, "fbgemm_fp8", None, "auto"),
 }
 
 
