@@ -36,7 +36,7 @@ def test_the_writers_round_as_computed_by_hand():
     assert rows.float().tolist() == [[448.0, 96.0], [448.0, -192.0]]
 
 
-def test_modelopt_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):
+def test_modelopt_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):  # noqa: F811
     """Detected from config.json, without --quantization; static input scales 0.05."""
     path = modelopt_checkpoint(wide_llama, tmp_path / "modelopt")
     config = EngineConfig.from_kwargs(str(path))
@@ -44,7 +44,7 @@ def test_modelopt_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized", 0.05)
 
 
-def test_modelopt_hf_quant_config_file_and_fp8_kv_cache(wide_llama, tmp_path):
+def test_modelopt_hf_quant_config_file_and_fp8_kv_cache(wide_llama, tmp_path):  # noqa: F811
     """An older export (hf_quant_config.json beside a config.json without quantization_config) is read as vLLM
     reads it; kv_cache_quant_algo FP8 with --kv-cache-dtype auto runs an fp8 cache with the checkpoint's
     `k_proj.k_scale` / `v_proj.v_scale` on each attention."""
@@ -59,7 +59,7 @@ def test_modelopt_hf_quant_config_file_and_fp8_kv_cache(wide_llama, tmp_path):
     assert isinstance(qkv.quant_method, Fp8CheckpointMethod) and qkv.input_scale.item() == pytest.approx(0.05)
 
 
-def test_fbgemm_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):
+def test_fbgemm_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):  # noqa: F811
     path = fbgemm_checkpoint(wide_llama, tmp_path / "fbgemm")
     assert EngineConfig.from_kwargs(str(path), quantization="fbgemm_fp8").model.quantization == "fbgemm_fp8"
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized")
@@ -136,6 +136,6 @@ def test_fp8_family_configs_the_engine_runs(qcfg):
     assert resolve_quantization(None, {"quantization_config": qcfg}) == qcfg["quant_method"]
 
 
-def test_a_modelopt_flag_over_a_dense_checkpoint_is_refused(wide_llama):
+def test_a_modelopt_flag_over_a_dense_checkpoint_is_refused(wide_llama):  # noqa: F811
     with pytest.raises(ConfigError, match="--quantization modelopt reads a modelopt checkpoint"):
         EngineConfig.from_kwargs(str(wide_llama), quantization="modelopt")
