@@ -139,3 +139,13 @@ def test_fp8_family_configs_the_engine_runs(qcfg):
 def test_a_modelopt_flag_over_a_dense_checkpoint_is_refused(wide_llama):  # noqa: F811
     with pytest.raises(ConfigError, match="--quantization modelopt reads a modelopt checkpoint"):
         EngineConfig.from_kwargs(str(wide_llama), quantization="modelopt")
+
+
+@pytest.mark.parametrize(("flag", "fmt"), [("gptq_marlin", "gptq"), ("awq_marlin", "awq")])
+def test_a_kernel_name_flag_is_accepted_beside_its_format(wide_llama, tmp_path, flag, fmt):  # noqa: F811
+    """The flag's accepted values include vLLM's kernel names (flotilla/flags.py), resolved to the format."""
+    config = json.loads((wide_llama / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": fmt, "bits": 4, "group_size": 32}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert EngineConfig.from_kwargs(str(tmp_path), quantization=flag, tokenizer=str(wide_llama)).model.quantization \
+        == fmt
