@@ -31,6 +31,9 @@ CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
 KERNEL_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
 # NVIDIA ModelOpt's file beside config.json in its older exports (the same settings under "quantization").
 MODELOPT_FILE = "hf_quant_config.json"
+# ModelOpt's quant_algo values the engine runs: e4m3 weights with a per-tensor scale and a static per-tensor input
+# scale (FP8), or a scale a row and per-token activations (FP8_PER_CHANNEL_PER_TOKEN).
+MODELOPT_FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 # compressed-tensors' formats of 8-bit float weights, and of int8 W8A8 (int8 codes stored as they are).
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 INT8_W8A8_FORMAT = "int-quantized"
@@ -460,14 +463,14 @@ def modelopt_settings(qcfg: dict[str, Any]) -> tuple[str, str | None]:
     """A ModelOpt quantization_config's weight algorithm and KV-cache algorithm (None: none), upper-cased, read as
     vLLM does: under `quantization` (hf_quant_config.json's layout: quant_algo, kv_cache_quant_algo, exclude_modules)
     or at the top (config.json's: quant_algo, kv_cache_quant_algo or an 8-bit float kv_cache_scheme, exclude_modules
-    or ignore). ValueError for algorithms the engine does not run (FP8 is: e4m3 weights with a per-tensor scale and a
-    static per-tensor input scale) or an excluded decoder linear layer."""
+    or ignore). ValueError for algorithms the engine does not run (`MODELOPT_FP8_ALGOS` it does) or an excluded decoder
+    linear layer."""
     nested = qcfg.get("quantization")
     settings = nested if isinstance(nested, dict) else qcfg
     algo = str(settings.get("quant_algo") or "").upper()
-    if algo != "FP8":
+    if algo not in MODELOPT_FP8_ALGOS:
         raise ValueError(f"modelopt quant_algo {settings.get('quant_algo')!r} is not supported; FP8 (per-tensor e4m3 "
-                         "weights, static input scales) is")
+                         "weights, static input scales) and FP8_PER_CHANNEL_PER_TOKEN are")
     kv = settings.get("kv_cache_quant_algo")
     scheme = settings.get("kv_cache_scheme")
     if kv is None and isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:

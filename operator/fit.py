@@ -87,6 +87,7 @@ from flotilla.quantization_config import (
     config_method,
     config_weight_bits,
     fp8_block_size,
+    modelopt_settings,
     packed_group_size,
 )
 
@@ -235,8 +236,8 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         return LinearStorage(8, None, 4, block=block)
     if quantization in ("fp8", "int8", "fbgemm_fp8"):  # fbgemm_fp8: a float32 scale a row, dynamic activations
         return FP8_STORAGE
-    if quantization == "modelopt":  # one scale a tensor, spread over its rows; and a static input scale
-        return replace(FP8_STORAGE, input_scale=True)
+    if quantization == "modelopt":  # one scale a tensor spread over its rows (or a row's own); FP8's input scale
+        return replace(FP8_STORAGE, input_scale=_modelopt_static(quantization_config))
     if quantization == "rtn":
         return packed_int_storage(*rtn, dtype)
     qcfg = quantization_config if config_method(quantization_config) == quantization else None
@@ -255,6 +256,17 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
             return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
     return None
+
+
+def _modelopt_static(quantization_config: Any) -> bool:
+    """Whether a ModelOpt quantization_config's layers keep a static input scale (quant_algo FP8; assumed without
+    one to read, or where the engine refuses it)."""
+    if config_method(quantization_config) != "modelopt":
+        return True
+    try:
+        return modelopt_settings(quantization_config)[0] == "FP8"
+    except ValueError:
+        return True
 
 
 def _fp8_block(quantization: str, quantization_config: Any) -> tuple[int, int] | None:

@@ -1,7 +1,8 @@
 """NVIDIA ModelOpt FP8 and Meta fbgemm_fp8 test checkpoints of tiny HF models, and HF's dense copy of what they hold.
 
 - ModelOpt FP8 (`quant_algo: FP8`): each linear weight rounded to e4m3 with one scale `amax / 448` (`weight_scale`,
-  a 0-d tensor as ModelOpt writes it), one static `input_scale` the test chooses, and with an FP8 KV cache the
+  a 0-d tensor as ModelOpt writes it), one static `input_scale` the test chooses (FP8_PER_CHANNEL_PER_TOKEN: a scale
+  a row, `[out]`, and none), and with an FP8 KV cache the
   attention's `self_attn.k_proj.k_scale` / `v_proj.v_scale`; the settings in config.json's quantization_config, or
   in `hf_quant_config.json` beside it (older exports: config.json has none).
 - fbgemm_fp8: each row rounded to e4m3 with its own scale (`weight_scale` `[out, 1]`), `activation_scale_ub` in the
@@ -29,17 +30,20 @@ def quantize_fp8_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def modelopt_checkpoint(src: Path, dst: Path, input_scale: float = 0.05, kv_scales: tuple[float, float] | None = None,
-                        hf_quant_file: bool = False, exclude: list[str] | None = None) -> Path:
+                        hf_quant_file: bool = False, per_channel: bool = False) -> Path:
     """`src` as a ModelOpt FP8 checkpoint at `dst` (every layer's static input scale `input_scale`; `kv_scales`: each
-    attention's (k, v) scales and kv_cache_quant_algo FP8, else null), plus `dst/dequantized` for HF."""
-    exclude = ["lm_head"] if exclude is None else exclude
+    attention's (k, v) scales and kv_cache_quant_algo FP8, else null; `per_channel`: FP8_PER_CHANNEL_PER_TOKEN, a
+    `weight_scale` `[out]` a layer and no input scale), plus `dst/dequantized` for HF."""
 
     def per_tensor(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        if per_channel:
+            w8, scales = quantize_fp8_rows(weight)
+            return {"weight": w8, "weight_scale": scales.flatten()}
         w8, scale = quantize_fp8_tensor(weight)
         return {"weight": w8, "weight_scale": scale, "input_scale": torch.tensor(input_scale)}
 
-    settings: dict[str, Any] = {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8" if kv_scales else None,
-                                "exclude_modules": exclude}
+    settings: dict[str, Any] = {"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN" if per_channel else "FP8",
+                                "kv_cache_quant_algo": "FP8" if kv_scales else None, "exclude_modules": ["lm_head"]}
     extra: dict[str, torch.Tensor] = {}
     if kv_scales is not None:
         layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]

@@ -44,6 +44,12 @@ def test_modelopt_fp8_matches_hf_with_the_same_rounding(wide_llama, tmp_path):  
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized", 0.05)
 
 
+def test_modelopt_per_channel_per_token_matches_hf_with_the_same_rounding(wide_llama, tmp_path):  # noqa: F811
+    """FP8_PER_CHANNEL_PER_TOKEN: a scale a row, activations per token (no input_scale in the checkpoint)."""
+    path = modelopt_checkpoint(wide_llama, tmp_path / "modelopt-pcpt", per_channel=True)
+    assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized")
+
+
 def test_modelopt_hf_quant_config_file_and_fp8_kv_cache(wide_llama, tmp_path):  # noqa: F811
     """An older export (hf_quant_config.json beside a config.json without quantization_config) is read as vLLM
     reads it; kv_cache_quant_algo FP8 with --kv-cache-dtype auto runs an fp8 cache with the checkpoint's
@@ -104,6 +110,7 @@ def test_kernel_aliases_still_disagree_with_another_format():
 
 @pytest.mark.parametrize(("qcfg", "message"), [
     ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, "modelopt quant_algo 'NVFP4' is not supported; FP8"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}, "modelopt quant_algo 'FP8_PB_WO' is not supported"),
     ({"quant_method": "modelopt", "quant_algo": "INT4_AWQ"}, "modelopt quant_algo 'INT4_AWQ' is not supported"),
     ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "NVFP4"},
      "modelopt kv_cache_quant_algo 'NVFP4' is not supported"),

@@ -367,7 +367,7 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
      None),
     ("none", {"quant_method": "modelopt", "quant_algo": "NVFP4"},
      "spec.engineArgs: --hf-overrides: quantization_config: modelopt quant_algo 'NVFP4' is not supported; FP8 "
-     "(per-tensor e4m3 weights, static input scales) is"),
+     "(per-tensor e4m3 weights, static input scales) and FP8_PER_CHANNEL_PER_TOKEN are"),
     ("fp8", {"quant_method": "modelopt", "quant_algo": "FP8"},
      "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'modelopt' does not match "
      "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them agree"),

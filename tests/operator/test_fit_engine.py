@@ -97,6 +97,10 @@ CASES = {
     "modelopt-fp8-kv-fp8": ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8",
                                                      "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}},
                             {}, "modelopt", None, "fp8"),
+    # ModelOpt FP8_PER_CHANNEL_PER_TOKEN: a float32 scale a row, no input scale
+    "modelopt-fp8-per-channel": ({"quantization_config": {"quant_method": "modelopt",
+                                                          "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}},
+                                 {}, "modelopt", None, "auto"),
     # Meta's fbgemm_fp8: a float32 scale a row, dynamic per-token activations
     "fbgemm-fp8": ({"quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
                                             "modules_to_not_convert": ["lm_head"]}}, {}, "fbgemm_fp8", None, "auto"),
