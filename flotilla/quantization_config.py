@@ -17,8 +17,8 @@ Standard library only (the operator's webhook imports it).
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from fnmatch import fnmatch
 from typing import Any
 
 # The schemes a checkpoint's quantization_config may name for the engine to load (rtn quantizes a dense checkpoint
@@ -46,6 +46,8 @@ _PERMUTED_ACTORDER = ("group", "dynamic")
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")
 _LAYERS = 512
+_DECODER_LINEARS = [f"model.layers.{i}.{p}" for i in range(_LAYERS) for p in _PROJECTIONS]
+_DOTTED_DECODER_LINEARS = [f".{name}." for name in _DECODER_LINEARS]
 
 
 def describes_checkpoint(qcfg: Any) -> bool:
@@ -489,10 +491,13 @@ def modelopt_settings(qcfg: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _modelopt_excludes_a_decoder_linear(entry: str) -> bool:
-    """Whether a ModelOpt exclude_modules entry names one of the decoder's linear layers, matched as vLLM does: a
-    wildcard (`fnmatch`) on the layer's name, or a part of it (`lm_head`, `*lm_head*`: no decoder layer)."""
-    names = (f"model.layers.{i}.{p}" for i in range(_LAYERS) for p in _PROJECTIONS)
-    return any(entry in name or fnmatch(name, entry) for name in names)
+    """Whether a ModelOpt exclude_modules entry names one of the decoder's linear layers, as vLLM matches them: a
+    wildcard (`fnmatch`) on the layer's name or on a module above it, or whole dotted parts of the name (`self_attn`,
+    `model.layers.3`; `lm_head` and a mixture-of-experts router's `model.layers.0.mlp.gate` name none: vLLM's plain
+    substring test would take the router's for `mlp.gate_proj` of a dense model, where no such entry is written)."""
+    dotted = f".{entry}."
+    return (any(dotted in name for name in _DOTTED_DECODER_LINEARS)
+            or bool(fnmatch.filter(_DECODER_LINEARS, entry) or fnmatch.filter(_DECODER_LINEARS, f"{entry}.*")))
 
 
 def fbgemm_activation_ub(qcfg: dict[str, Any]) -> float:

@@ -118,6 +118,11 @@ def test_kernel_aliases_still_disagree_with_another_format():
      r"modelopt checkpoints with unquantized decoder layers \(exclude_modules \['model.layers.0.mlp\*'\]\)"),
     ({"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["*self_attn*"]},
      r"unquantized decoder layers \(ignore \['\*self_attn\*'\]\)"),
+    # whole dotted parts of a layer's name, as vLLM's substring test reads them
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["self_attn"]},
+     r"\(exclude_modules \['self_attn'\]\)"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["model.layers.3"]},
+     r"\(exclude_modules \['model.layers.3'\]\)"),
     ({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}, "modelopt quant_algo 'NVFP4'"),
     ({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
       "modules_to_not_convert": ["model.layers.0.self_attn.q_proj"]},
@@ -134,12 +139,13 @@ def test_unsupported_fp8_family_configs_are_refused_by_name(qcfg, message):
 
 @pytest.mark.parametrize("qcfg", [
     {"quant_method": "modelopt", "quant_algo": "fp8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
-    {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head", "*mlp.gate"],
+    {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head", "*mlp.gate", "model.layers.0.mlp.gate"],
      "kv_cache_scheme": {"type": "float", "num_bits": 8}},
     {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]},
 ])
 def test_fp8_family_configs_the_engine_runs(qcfg):
-    """ModelOpt's quant_algo in any case (vLLM upper-cases it), config.json's `ignore` / `kv_cache_scheme` keys."""
+    """ModelOpt's quant_algo in any case (vLLM upper-cases it), config.json's `ignore` / `kv_cache_scheme` keys; a
+    mixture-of-experts router's entry (`mlp.gate`) names no dense layer's `mlp.gate_proj`."""
     assert resolve_quantization(None, {"quantization_config": qcfg}) == qcfg["quant_method"]
 
 
