@@ -162,3 +162,11 @@ def test_a_kernel_name_flag_is_accepted_beside_its_format(wide_llama, tmp_path, 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert EngineConfig.from_kwargs(str(tmp_path), quantization=flag, tokenizer=str(wide_llama)).model.quantization \
         == fmt
+
+
+@pytest.mark.slow  # two gloo ranks: 27 s on this CPU
+def test_modelopt_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_dirs, tmp_path):
+    """Two gloo ranks: each part of a merged layer keeps its per-tensor scale over the rows a rank holds, and the
+    static input scale rounds each element as at one rank (row-parallel layers' inputs split, not re-scaled)."""
+    path = modelopt_checkpoint(tiny_model_dirs["llama"], tmp_path / "modelopt")
+    assert _engine_tokens(path, tensor_parallel_size=2) == _hf_fp8_greedy(path / "dequantized", 0.05)
