@@ -9,8 +9,9 @@ operator reads an override's with the same ones: the fit check counts the weight
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
-activation_scheme and ignored_layers; `act_order_parallel_problem`: activation order over tensor-parallel ranks) live
-here for the same reason; the engine's modules keep the tensor layouts and kernels.
+activation_scheme and ignored_layers, ModelOpt's quant_algo, KV algorithm and exclude_modules, fbgemm_fp8's
+activation_scale_ub and modules_to_not_convert; `act_order_parallel_problem`: activation order over tensor-parallel
+ranks) live here for the same reason; the engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """

@@ -20,7 +20,7 @@ from flotilla.kernels.fp8_linear import FP8_DTYPE, fp8_linear_ref, quantize_fp8_
 from flotilla.quantization_config import check_layout
 
 from .fp8_family_checkpoints import fbgemm_checkpoint, modelopt_checkpoint, quantize_fp8_tensor
-from .test_quantization import _engine_tokens, _hf_fp8_greedy, wide_llama  # noqa: F401  (a fixture)
+from .test_quantization import GREEDY, PROMPTS, _engine_tokens, _hf_fp8_greedy, wide_llama  # noqa: F401  (a fixture)
 
 
 def test_the_writers_round_as_computed_by_hand():
@@ -169,4 +169,9 @@ def test_modelopt_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_
     """Two gloo ranks: each part of a merged layer keeps its per-tensor scale over the rows a rank holds, and the
     static input scale rounds each element as at one rank (row-parallel layers' inputs split, not re-scaled)."""
     path = modelopt_checkpoint(tiny_model_dirs["llama"], tmp_path / "modelopt")
-    assert _engine_tokens(path, tensor_parallel_size=2) == _hf_fp8_greedy(path / "dequantized", 0.05)
+    llm = LLM(str(path), max_model_len=256, tensor_parallel_size=2)
+    try:  # the ranks' processes and gloo threads end here, not at interpreter exit (which aborted)
+        tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    finally:
+        llm.engine.shutdown()
+    assert tokens == _hf_fp8_greedy(path / "dequantized", 0.05)
