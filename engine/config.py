@@ -52,7 +52,12 @@ from flotilla.engine_rules import (
     sleep_mode_problem,
 )
 from flotilla.flags import FLAGS, Flag
-from flotilla.quantization_config import act_order_parallel_problem
+from flotilla.quantization_config import (
+    MODELOPT_FILE,
+    act_order_parallel_problem,
+    checkpoint_kv_cache_dtype,
+    with_modelopt_file,
+)
 from flotilla.validation_messages import describe
 
 logger = logging.getLogger(__name__)
@@ -442,7 +447,9 @@ def _read_hf_config(model_dir: Path) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"model {model_dir}: no config.json (expected a Hugging Face model directory)")
-    return json.loads(config_path.read_text())
+    modelopt = model_dir / MODELOPT_FILE  # an older ModelOpt export's quantization settings, read as vLLM does
+    return with_modelopt_file(json.loads(config_path.read_text()),
+                              json.loads(modelopt.read_text()) if modelopt.is_file() else None)
 
 
 def classify_problem(hf_config: dict[str, Any], quantization: str | None) -> str | None:
@@ -529,7 +536,7 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     )
     return EngineConfig(
         model=model,
-        cache=_cache_config(v),
+        cache=_cache_config(v, hf_config),
         scheduler=_scheduler_config(v, max_model_len, device),
         parallel=ParallelConfig(
             tensor_parallel_size=v["tensor_parallel_size"],
@@ -551,12 +558,12 @@ def _as_config_error(*errors: type[Exception]) -> Iterator[None]:
         raise ConfigError(str(e)) from None
 
 
-def _cache_config(v: dict[str, Any]) -> CacheConfig:
-    """The KV cache's flags as one component."""
+def _cache_config(v: dict[str, Any], hf_config: dict[str, Any]) -> CacheConfig:
+    """The KV cache's flags as one component (`auto` over a ModelOpt checkpoint with an FP8 KV cache: fp8)."""
     return CacheConfig(
         block_size=v["block_size"],
         gpu_memory_utilization=v["gpu_memory_utilization"],
-        kv_cache_dtype=v["kv_cache_dtype"],
+        kv_cache_dtype=checkpoint_kv_cache_dtype(v["kv_cache_dtype"], hf_config.get("quantization_config")),
         calculate_kv_scales=v["calculate_kv_scales"],
         num_gpu_blocks_override=v["num_gpu_blocks_override"],
         enable_prefix_caching=v["enable_prefix_caching"],

@@ -9,22 +9,33 @@ operator reads an override's with the same ones: the fit check counts the weight
 its group size, and the webhook refuses what the engine would refuse at start-up, with the engine's words (the
 ValueError these functions raise). The layout rules (`check_layout`: GPTQ's lm_head, AWQ's version,
 compressed-tensors' targets, ignore, format, type, strategy and actorder, fp8's weight_block_size, its
-activation_scheme and ignored_layers, bitsandbytes' 4-bit type, storage and skipped modules;
-`act_order_parallel_problem`: activation order over tensor-parallel ranks) live
-here for the same reason; the engine's modules keep the tensor layouts and kernels.
+activation_scheme and ignored_layers, bitsandbytes' 4-bit type, storage and skipped modules, ModelOpt's quant_algo,
+KV algorithm and exclude_modules, fbgemm_fp8's activation_scale_ub and modules_to_not_convert;
+`act_order_parallel_problem`: activation order over tensor-parallel ranks) live here for the same reason; the
+engine's modules keep the tensor layouts and kernels.
 
 Standard library only (the operator's webhook imports it).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import Any
 
 # The schemes a checkpoint's quantization_config may name for the engine to load (rtn quantizes a dense checkpoint
 # at load, and the engine refuses it over a quantized one), and the bits of a weight each loads.
-CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,), "bitsandbytes": (4,)}
+CHECKPOINT_BITS = {"fp8": (8,), "compressed-tensors": (4, 8), "gptq": (4, 8), "awq": (4,), "bitsandbytes": (4,),
+                   "modelopt": (8,), "fbgemm_fp8": (8,)}
 CHECKPOINT_METHODS = tuple(CHECKPOINT_BITS)
+# vLLM's --quantization names of a kernel for a checkpoint format the engine runs, and the format each names: vLLM
+# upgrades a gptq / awq checkpoint to its Marlin kernel itself, so either name beside such a checkpoint runs it.
+KERNEL_ALIASES = {"gptq_marlin": "gptq", "awq_marlin": "awq"}
+# NVIDIA ModelOpt's file beside config.json in its older exports (the same settings under "quantization").
+MODELOPT_FILE = "hf_quant_config.json"
+# ModelOpt's quant_algo values the engine runs: e4m3 weights with a per-tensor scale and a static per-tensor input
+# scale (FP8), or a scale a row and per-token activations (FP8_PER_CHANNEL_PER_TOKEN).
+MODELOPT_FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 # compressed-tensors' formats of 8-bit float weights, and of int8 W8A8 (int8 codes stored as they are).
 _FLOAT_FORMATS = ("float-quantized", "naive-quantized")
 INT8_W8A8_FORMAT = "int-quantized"
@@ -37,6 +48,8 @@ _PERMUTED_ACTORDER = ("group", "dynamic")
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                 "mlp.up_proj", "mlp.down_proj")
 _LAYERS = 512
+_DECODER_LINEARS = [f"model.layers.{i}.{p}" for i in range(_LAYERS) for p in _PROJECTIONS]
+_DOTTED_DECODER_LINEARS = [f".{name}." for name in _DECODER_LINEARS]
 
 
 def describes_checkpoint(qcfg: Any) -> bool:
@@ -58,7 +71,12 @@ def flag_disagrees(qcfg: Any, flag: str | None) -> bool:
     """Whether a --quantization `flag` (None: not given) and a quantization_config name different schemes, which
     the engine refuses to start with. One without quant_method names none, and disagrees with any flag, as vLLM's
     config check has it (its quant_method, None, is not the flag's)."""
-    return flag is not None and describes_checkpoint(qcfg) and flag != config_method(qcfg)
+    return flag is not None and describes_checkpoint(qcfg) and flag_method(flag) != config_method(qcfg)
+
+
+def flag_method(flag: str | None) -> str | None:
+    """The scheme a --quantization value names: a kernel alias's format (`KERNEL_ALIASES`), else the value."""
+    return KERNEL_ALIASES.get(flag, flag) if flag is not None else None
 
 
 def weight_bits(qcfg: Any) -> int | None:
@@ -68,7 +86,7 @@ def weight_bits(qcfg: Any) -> int | None:
     one. ValueError, naming the value, for bits
     that are no number or that the scheme does not load (`CHECKPOINT_BITS`)."""
     method = config_method(qcfg)
-    if method == "fp8":
+    if method in ("fp8", "modelopt", "fbgemm_fp8"):
         return 8
     bits: int | None
     if method == "bitsandbytes":
@@ -181,6 +199,10 @@ def check_layout(qcfg: dict[str, Any]) -> None:
     method = config_method(qcfg)
     if method == "fp8":
         _check_fp8(qcfg)
+    elif method == "modelopt":
+        modelopt_settings(qcfg)
+    elif method == "fbgemm_fp8":
+        fbgemm_activation_ub(qcfg)
     elif method == "gptq":
         _check_gptq(qcfg)
     elif method == "awq":
@@ -453,7 +475,11 @@ def override_method_problem(qcfg: Any, quantization: str, field: str = "spec.qua
 
 
 def _method_text(qcfg: dict[str, Any]) -> str:
-    """quant_method lower-cased, "" where it is absent, empty or null."""
+    """quant_method lower-cased, "" where it is absent, empty or null; "modelopt" for ModelOpt's hf_quant_config.json
+    (no quant_method, its producer named modelopt), as vLLM reads it."""
+    producer = qcfg.get("producer")
+    if not qcfg.get("quant_method") and isinstance(producer, dict) and producer.get("name") == "modelopt":
+        return "modelopt"
     return str(qcfg.get("quant_method") or "").lower()
 
 
@@ -468,3 +494,76 @@ def _engine_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def with_modelopt_file(hf_config: dict[str, Any], model_files: dict[str, Any] | None) -> dict[str, Any]:
+    """`hf_config` with ModelOpt's `hf_quant_config.json` (`model_files`: its parsed text, None where the model has
+    none) as its quantization_config where config.json has none, as vLLM reads an older ModelOpt export."""
+    if model_files is None or "quantization_config" in hf_config:
+        return hf_config
+    return {**hf_config, "quantization_config": model_files}
+
+
+def modelopt_settings(qcfg: dict[str, Any]) -> tuple[str, str | None]:
+    """A ModelOpt quantization_config's weight algorithm and KV-cache algorithm (None: none), upper-cased, read as
+    vLLM does: under `quantization` (hf_quant_config.json's layout: quant_algo, kv_cache_quant_algo, exclude_modules)
+    or at the top (config.json's: quant_algo, kv_cache_quant_algo or an 8-bit float kv_cache_scheme, exclude_modules
+    or ignore). ValueError for algorithms the engine does not run (`MODELOPT_FP8_ALGOS` it does) or an excluded decoder
+    linear layer."""
+    nested = qcfg.get("quantization")
+    settings = nested if isinstance(nested, dict) else qcfg
+    algo = str(settings.get("quant_algo") or "").upper()
+    if algo not in MODELOPT_FP8_ALGOS:
+        raise ValueError(f"modelopt quant_algo {settings.get('quant_algo')!r} is not supported; FP8 (per-tensor e4m3 "
+                         "weights, static input scales) and FP8_PER_CHANNEL_PER_TOKEN are")
+    kv = settings.get("kv_cache_quant_algo")
+    scheme = settings.get("kv_cache_scheme")
+    if kv is None and isinstance(scheme, dict) and scheme.get("type") == "float" and scheme.get("num_bits") == 8:
+        kv = "FP8"
+    if kv is not None and str(kv).upper() != "FP8":
+        raise ValueError(f"modelopt kv_cache_quant_algo {kv!r} is not supported; FP8 or null is")
+    key = "exclude_modules" if "exclude_modules" in settings else "ignore"
+    entries = settings.get(key) or []
+    if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+        raise ValueError(f"modelopt: {key} {entries!r} is not a list of layer names")
+    kept = [e for e in entries if _modelopt_excludes_a_decoder_linear(e)]
+    if kept:  # one method runs every decoder linear layer
+        raise ValueError(f"modelopt checkpoints with unquantized decoder layers ({key} {kept[:3]}) are not "
+                         "supported; only the LM head may be left out")
+    return algo, None if kv is None else "FP8"
+
+
+def _modelopt_excludes_a_decoder_linear(entry: str) -> bool:
+    """Whether a ModelOpt exclude_modules entry names one of the decoder's linear layers, as vLLM matches them: a
+    wildcard (`fnmatch`) on the layer's name or on a module above it, or whole dotted parts of the name (`self_attn`,
+    `model.layers.3`; `lm_head` and a mixture-of-experts router's `model.layers.0.mlp.gate` name none: vLLM's plain
+    substring test would take the router's for `mlp.gate_proj` of a dense model, where no such entry is written)."""
+    dotted = f".{entry}."
+    return (any(dotted in name for name in _DOTTED_DECODER_LINEARS)
+            or bool(fnmatch.filter(_DECODER_LINEARS, entry) or fnmatch.filter(_DECODER_LINEARS, f"{entry}.*")))
+
+
+def fbgemm_activation_ub(qcfg: dict[str, Any]) -> float:
+    """fbgemm_fp8's upper bound on a token's activation absolute maximum (`activation_scale_ub`): its per-token
+    scale is min(amax, bound) / 448. ValueError where it is no positive number, or where modules_to_not_convert
+    leaves a decoder linear layer unquantized."""
+    bound = qcfg.get("activation_scale_ub")
+    if isinstance(bound, bool) or not isinstance(bound, int | float) or not bound > 0:
+        raise ValueError(f"fbgemm_fp8's activation_scale_ub {bound!r} is not a positive number")
+    kept = _decoder_linears_left_out(qcfg, "modules_to_not_convert")
+    if kept:  # Meta's Llama-3.1-405B-FP8 keeps attention in bf16: a dense method a layer is not built yet
+        raise ValueError(f"fbgemm_fp8 checkpoints with unquantized decoder layers (modules_to_not_convert "
+                         f"{kept[:3]}) are not supported; only the LM head may be left out")
+    return float(bound)
+
+
+def checkpoint_kv_cache_dtype(kv_cache_dtype: str, qcfg: Any) -> str:
+    """The KV-cache dtype the engine runs for --kv-cache-dtype `kv_cache_dtype`: `auto` over a ModelOpt checkpoint
+    whose KV-cache algorithm is FP8 is fp8_e4m3 (vLLM's reading: the checkpoint's k_scale / v_scale were calibrated
+    for it); any other value as given."""
+    if kv_cache_dtype != "auto" or config_method(qcfg) != "modelopt":
+        return kv_cache_dtype
+    try:
+        return "fp8_e4m3" if modelopt_settings(qcfg)[1] == "FP8" else kv_cache_dtype
+    except ValueError:  # refused where the scheme is resolved
+        return kv_cache_dtype

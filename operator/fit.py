@@ -82,12 +82,14 @@ from flotilla.operator.spec import InferenceServiceSpec, ModelArchitecture
 from flotilla.operator.status import FitStatus
 from flotilla.quantization_config import (
     act_order,
+    checkpoint_kv_cache_dtype,
     compressed_tensors_group,
     compressed_tensors_group_size,
     compressed_tensors_int8_w8a8,
     config_method,
     config_weight_bits,
     fp8_block_size,
+    modelopt_settings,
     packed_group_size,
 )
 
@@ -205,6 +207,8 @@ class LinearStorage:
     # an int32 an input (engine/quantization/packed_int.py `weight_perm`).
     act_order: bool = False
     block: tuple[int, int] | None = None
+    # A static activation scheme (ModelOpt FP8): each linear layer also keeps one float32 input scale.
+    input_scale: bool = False
 
 
 def packed_int_storage(bits: int, group: int | None, dtype: str = "auto") -> LinearStorage:
@@ -224,6 +228,8 @@ BNB_BLOCK = 64
 BNB_STORAGE = LinearStorage(4, BNB_BLOCK, 4)
 # An activation-order layer's input order: an int32 an input.
 ACT_ORDER_INDEX_BYTES = 4
+# A static activation scheme's input scale (engine/quantization/fp8.py `input_scale`): a float32 a linear layer.
+INPUT_SCALE_BYTES = 4
 
 
 def linear_storage(quantization: str, arch: ModelArchitecture, quantization_config: Any = None,
@@ -235,8 +241,10 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
     block = _fp8_block(quantization, quantization_config)
     if block is not None:
         return LinearStorage(8, None, 4, block=block)
-    if quantization in ("fp8", "int8"):
+    if quantization in ("fp8", "int8", "fbgemm_fp8"):  # fbgemm_fp8: a float32 scale a row, dynamic activations
         return FP8_STORAGE
+    if quantization == "modelopt":  # one scale a tensor spread over its rows (or a row's own); FP8's input scale
+        return replace(FP8_STORAGE, input_scale=_modelopt_static(quantization_config))
     if quantization == "rtn":
         return packed_int_storage(*rtn, dtype)
     if quantization == "bitsandbytes":
@@ -257,6 +265,17 @@ def linear_storage(quantization: str, arch: ModelArchitecture, quantization_conf
         except ValueError:  # the engine refuses the group size (the webhook too): count the assumed one
             return packed_int_storage(bits or 8, ASSUMED_GROUP, dtype)
     return None
+
+
+def _modelopt_static(quantization_config: Any) -> bool:
+    """Whether a ModelOpt quantization_config's layers keep a static input scale (quant_algo FP8; assumed without
+    one to read, or where the engine refuses it)."""
+    if config_method(quantization_config) != "modelopt":
+        return True
+    try:
+        return modelopt_settings(quantization_config)[0] == "FP8"
+    except ValueError:
+        return True
 
 
 def _fp8_block(quantization: str, quantization_config: Any) -> tuple[int, int] | None:
@@ -332,6 +351,12 @@ def linear_rows(arch: ModelArchitecture, tensor: int = 1) -> int:
     return arch.num_hidden_layers * (column + tensor * 2 * arch.hidden_size)
 
 
+def linear_layers(arch: ModelArchitecture, tensor: int = 1) -> int:
+    """The decoder's linear layers as the engine builds them (merged q/k/v, o, merged gate/up, down), on every one of
+    `tensor` ranks."""
+    return 4 * arch.num_hidden_layers * tensor
+
+
 def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto",
                  rtn: tuple[int, int | None] = (8, 128), tensor: int = 1, pipeline: int = 1,
                  quantization_config: Any = None) -> int:
@@ -349,7 +374,8 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     if storage is not None:
         scales = linear // storage.group if storage.group else linear_rows(arch, tensor)
         order = ACT_ORDER_INDEX_BYTES * act_order_inputs(arch) if storage.act_order else 0
-        return linear * storage.bits // 8 + scales * storage.scale_bytes + order + dense
+        inputs = INPUT_SCALE_BYTES * linear_layers(arch, tensor) if storage.input_scale else 0
+        return linear * storage.bits // 8 + scales * storage.scale_bytes + order + inputs + dense
     # CUDA keeps a GGUF 4-bit layer's codes beside its dequantized weight (module docstring).
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "gguf": gguf}[quantization]
@@ -441,7 +467,9 @@ def _memory(spec: InferenceServiceSpec, arch: ModelArchitecture, gpu: GPU, max_m
     weights = weight_bytes(arch, spec.weight_quantization, spec.dtype, rtn_scheme(spec), tensor, pipeline,
                            spec.quantization_config_override)
     weights += lora_slot_bytes(arch, spec)
-    per_token = kv_bytes_per_token(arch, spec.kv_cache.dtype, spec.dtype, spec.parallelism.tensor)
+    # auto over a ModelOpt quantization_config with an FP8 KV cache is fp8, as the engine reads it
+    kv_dtype = checkpoint_kv_cache_dtype(spec.kv_cache.dtype, spec.quantization_config_override)
+    per_token = kv_bytes_per_token(arch, kv_dtype, spec.dtype, spec.parallelism.tensor)
     draft = spec.speculative.draft_config if spec.speculative and spec.speculative.method == "draft_model" else None
     if draft is not None:
         weights += weight_bytes(draft, "none", spec.dtype, tensor=tensor, pipeline=pipeline)

@@ -4,8 +4,10 @@
 One module per scheme or checkpoint format: `fp8.py` (quantized at load, or fp8 checkpoints), `fp8_block.py`
 (block-scaled fp8 checkpoints), `int8.py` (compressed-tensors' int8 W8A8), `packed_int.py` (4/8-bit weight-only
 integers), `rtn.py` (those, rounded at load),
-`compressed_tensors.py`, `gptq.py`, `awq.py` (each a format's config and tensor layout), `gguf.py` (a GGUF
-file's own 4-bit codes), `bnb.py` (bitsandbytes 4-bit checkpoints, or nf4 at load).
+`compressed_tensors.py`, `gptq.py`, `awq.py`, `modelopt.py` (NVIDIA ModelOpt FP8), `fbgemm_fp8.py` (Meta's FP8)
+(each a format's config and tensor layout), `gguf.py` (a GGUF file's own 4-bit codes), `bnb.py` (bitsandbytes 4-bit
+checkpoints, or nf4 at load). `--quantization` also takes vLLM's kernel names gptq_marlin and awq_marlin, as the
+format they run (`KERNEL_ALIASES`).
 The layers' hook is in `engine/layers/linear.py`.
 """
 
@@ -27,14 +29,17 @@ from flotilla.quantization_config import (
     config_method,
     describes_checkpoint,
     flag_disagrees,
+    flag_method,
     fp8_block_size,
 )
 
 # What `--quantization` accepts, and what a checkpoint's `quant_method` may say.
-SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf", "bitsandbytes")
+SUPPORTED_METHODS = ("fp8", "rtn", "compressed-tensors", "gptq", "awq", "gguf", "bitsandbytes", "modelopt",
+                     "fbgemm_fp8")
 # The checkpoint formats (`--quantization` names them, the checkpoint's quantization_config describes them): their
 # modules, imported when a model of the format is served.
-_FORMATS = {"compressed-tensors": "compressed_tensors", "gptq": "gptq", "awq": "awq"}
+_FORMATS = {"compressed-tensors": "compressed_tensors", "gptq": "gptq", "awq": "awq", "modelopt": "modelopt",
+            "fbgemm_fp8": "fbgemm_fp8"}
 
 
 def _format(method: str) -> ModuleType:
@@ -51,7 +56,8 @@ def checkpoint_quantization(hf_config: dict[str, Any]) -> dict[str, Any] | None:
 
 def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | None:
     """The scheme to run: the checkpoint's `quant_method` when it has one (the flag, if given, must name
-    the same), else the flag. Raises ValueError with the reason when it cannot run."""
+    the same; a kernel alias names its format: gptq_marlin is gptq), else the flag. Raises ValueError with the reason
+    when it cannot run."""
     qcfg = checkpoint_quantization(hf_config)
     found = config_method(qcfg)
     # A quantization_config without quant_method is dense weights, and with a flag a mismatch (vLLM's check); the
@@ -60,14 +66,14 @@ def resolve_quantization(flag: str | None, hf_config: dict[str, Any]) -> str | N
         named = f"quant_method {found!r}" if found else "no quant_method"
         raise ValueError(f"--quantization {flag} does not match the checkpoint's quantization_config "
                          f"({named}); leave --quantization out to use the checkpoint's")
-    method = found or flag
+    method = found or flag_method(flag)
     if method is None:
         return None
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"quantization method {method!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_METHODS)})")
     if method in _FORMATS and qcfg is None:  # a checkpoint format, not a scheme applied at load
-        raise ValueError(f"--quantization {method} reads a {method} checkpoint, and this one's config.json has no "
+        raise ValueError(f"--quantization {flag} reads a {method} checkpoint, and this one's config.json has no "
                          "quantization_config (a dense checkpoint: leave --quantization out, or fp8 / rtn quantize "
                          "it at load)")
     linear_method(method, hf_config)  # refuses unsupported variants now, not at load time

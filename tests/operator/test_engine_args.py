@@ -360,11 +360,26 @@ def test_hf_overrides_set_only_config_json_keys_over_model_config():
      "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them agree"),
     ("none", {"quant_method": "hqq"},
      "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'hqq' is not one the engine loads "
-     "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq, bitsandbytes)"),
+     "a checkpoint with (supported: fp8, compressed-tensors, gptq, awq, bitsandbytes, modelopt, fbgemm_fp8)"),
     ("none", {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, None),
     ("none", {"quant_method": "bitsandbytes", "load_in_8bit": True},
      "spec.engineArgs: --hf-overrides: quantization_config: bitsandbytes with 8-bit weights is not supported (4 "
      "bits)"),
+    # NVIDIA ModelOpt and Meta fbgemm fp8 checkpoints: what the engine runs, and its refusals in its words
+    ("none", {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, None),
+    ("none", {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]},
+     None),
+    ("none", {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+     "spec.engineArgs: --hf-overrides: quantization_config: modelopt quant_algo 'NVFP4' is not supported; FP8 "
+     "(per-tensor e4m3 weights, static input scales) and FP8_PER_CHANNEL_PER_TOKEN are"),
+    ("fp8", {"quant_method": "modelopt", "quant_algo": "FP8"},
+     "spec.engineArgs: --hf-overrides: quantization_config's quant_method 'modelopt' does not match "
+     "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or make them agree"),
+    ("none", {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+              "modules_to_not_convert": ["model.layers.3.self_attn.o_proj"]},
+     "spec.engineArgs: --hf-overrides: quantization_config: fbgemm_fp8 checkpoints with unquantized decoder layers "
+     "(modules_to_not_convert ['model.layers.3.self_attn.o_proj']) are not supported; only the LM head may be left "
+     "out"),
     ("none", {"quant_method": "awq", "bits": 8},
      "spec.engineArgs: --hf-overrides: quantization_config: awq with 8-bit weights is not supported (4 bits)"),
     # bits read as the engine's int(): true is 1 bit (refused), "8" is 8, text is no number (refused)
@@ -415,6 +430,23 @@ def test_an_activation_order_override_is_admitted_on_one_tensor_rank_only(overri
         "checkpoints (desc_act: true / actorder group: groups of permuted inputs, g_idx) run with "
         "spec.parallelism.tensor 1 only, not 2: the row-parallel layers would split the permuted inputs over the "
         "ranks (pipeline parallelism runs them)"]
+
+
+def test_the_fit_check_counts_a_modelopt_override_as_the_engine_holds_it():
+    """ModelOpt FP8 over --hf-overrides: 1 byte a weight (as fp8), plus a float32 input scale a linear layer, and with
+    kv_cache_quant_algo FP8 an fp8 KV cache under kvCache.dtype auto, as the engine reads it."""
+    from flotilla.operator.fit import check_fit
+
+    def report(qcfg):
+        return check_fit(make(model={"source": "pvc://models/m", "config": ARCH}, resources={"gpuProduct": "H100"},
+                              engineArgs=["--hf-overrides", json.dumps({"quantization_config": qcfg})]))
+
+    plain = report({"quant_method": "modelopt", "quant_algo": "FP8"})
+    fp8_kv = report({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"})
+    fp8 = check_fit(make(model={"source": "pvc://models/m", "config": ARCH}, resources={"gpuProduct": "H100"},
+                         quantization="fp8"))
+    assert plain.weight_bytes - fp8.weight_bytes == 4 * 4 * ARCH["numHiddenLayers"]
+    assert 2 * fp8_kv.kv_bytes_per_token == plain.kv_bytes_per_token == fp8.kv_bytes_per_token
 
 
 def test_hf_overrides_are_parsed_once_per_spec(monkeypatch):

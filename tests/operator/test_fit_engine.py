@@ -99,6 +99,18 @@ CASES = {
                                                     "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
                                                     "llm_int8_skip_modules": ["lm_head"]}}, {}, "bitsandbytes", None,
                            "auto"),
+    # NVIDIA ModelOpt FP8: a float32 scale a tensor spread over its rows, and a float32 static input scale a layer;
+    # kv_cache_quant_algo FP8 makes --kv-cache-dtype auto an fp8 cache
+    "modelopt-fp8-kv-fp8": ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8",
+                                                     "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}},
+                            {}, "modelopt", None, "fp8"),
+    # ModelOpt FP8_PER_CHANNEL_PER_TOKEN: a float32 scale a row, no input scale
+    "modelopt-fp8-per-channel": ({"quantization_config": {"quant_method": "modelopt",
+                                                          "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"}},
+                                 {}, "modelopt", None, "auto"),
+    # Meta's fbgemm_fp8: a float32 scale a row, dynamic per-token activations
+    "fbgemm-fp8": ({"quantization_config": {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                                            "modules_to_not_convert": ["lm_head"]}}, {}, "fbgemm_fp8", None, "auto"),
 }
 
 

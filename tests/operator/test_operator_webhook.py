@@ -112,6 +112,11 @@ INVALID = {
         "spec.quantization fp8; the engine refuses to start with both: leave spec.quantization out or name the "
         "scheme in quant_method"),
     # the engine's own reader of the fields (flotilla/quantization_config.py) refuses it, and the webhook says its words
+    "quantization-config-override-modelopt-nvfp4": (
+        {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "modelopt",
+                                                                             "quant_algo": "NVFP4"}})]},
+        "spec.engineArgs: --hf-overrides: quantization_config: modelopt quant_algo 'NVFP4' is not supported; FP8 "
+        "(per-tensor e4m3 weights, static input scales) and FP8_PER_CHANNEL_PER_TOKEN are"),
     "quantization-config-override-gptq-group-size-no-number": (
         {"engineArgs": ["--hf-overrides", json.dumps({"quantization_config": {"quant_method": "gptq",
                                                                              "group_size": "g128"}})]},
