@@ -98,7 +98,8 @@ def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, sorted_pairs: torch.Tensor, 
     _grouped_gemm_kernel[grid](
         a, w, out, sorted_pairs, block_experts, weights if weights is not None else a,
         w_scale if w_scale is not None else a, num_pairs, w.shape[0], n, k, a.stride(0), w.stride(0), w.stride(1),
-        out.stride(0), A_ROW_DIV=a_row_div, MUL_WEIGHT=weights is not None, W_SCALED=w_scale is not None, DOT_DTYPE=dot_dtype(a.dtype), DOT_PRECISION=dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
+        out.stride(0), A_ROW_DIV=a_row_div, MUL_WEIGHT=weights is not None, W_SCALED=w_scale is not None,
+        DOT_DTYPE=dot_dtype(a.dtype), DOT_PRECISION=dot_precision(a.dtype), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k)
     return out
 

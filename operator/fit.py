@@ -51,8 +51,8 @@ What is counted, per replica:
   decoderSparseStep and mlpOnlyLayers leave dense keep the gated MLP of intermediateSize. Under fp8 (at load or
   an fp8 checkpoint) every expert is fp8 with a float32 scale a row (gate/up rows split over the ranks, down's
   hidden rows on each) and the router stays at the model dtype (`moe_fp8_linear_bytes`). The engine refuses other
-  quantization schemes and LoRA for them (admission too). The activation allowance below keeps intermediateSize (Mixtral's
-  expert width; above a Qwen-MoE expert's: an over-estimate).
+  quantization schemes and LoRA for them (admission too). The activation allowance below keeps intermediateSize
+  (Mixtral's expert width; above a Qwen-MoE expert's: an over-estimate).
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or

@@ -82,7 +82,8 @@ def test_fp8_experts_reference_equals_the_dequantized_weights():
     from flotilla.kernels.fp8_linear import quantize_fp8_rows
 
     g = torch.Generator().manual_seed(5)
-    x, w13, w2 = torch.randn(9, 32, generator=g), torch.randn(4, 48, 32, generator=g), torch.randn(4, 32, 24, generator=g)
+    x, w13 = torch.randn(9, 32, generator=g), torch.randn(4, 48, 32, generator=g)
+    w2 = torch.randn(4, 32, 24, generator=g)
     w13_8, s13 = quantize_fp8_rows(w13.reshape(-1, 32))
     w2_8, s2 = quantize_fp8_rows(w2.reshape(-1, 24))
     weights, ids = topk_routing_ref(torch.randn(9, 4, generator=g), 2, renormalize=True)
