@@ -318,18 +318,29 @@ def moe_quantization_runs(quantization: str | None, qcfg: Any) -> bool:
     """Whether a mixture-of-experts model's experts run `quantization` (resolved: the flag or the checkpoint's
     `quant_method`) over the checkpoint's `quantization_config` `qcfg` (None: a dense checkpoint): none, or fp8 with
     one scale per row or per tensor — quantized at load (`--quantization fp8`), vLLM's fp8 checkpoints, or
-    compressed-tensors' float weights (engine/layers/moe.py). Block-scaled fp8 (weight_block_size) is not."""
+    compressed-tensors' float weights (engine/layers/moe.py). Block-scaled fp8 (weight_block_size) is not. Without
+    `qcfg` fp8 and compressed-tensors pass: the engine always has the checkpoint's (a compressed-tensors one needs
+    it), the operator's webhook only an --hf-overrides one, and leaves the rest to the engine's start-up check."""
     if quantization is None:
         return True
     if quantization not in ("fp8", "compressed-tensors"):
         return False
-    if quantization == "fp8" and qcfg is None:
+    if qcfg is None:  # fp8 at load; or the webhook, which sees no checkpoint: the engine decides at start-up
         return True
+    if _fp8_blocks(qcfg):
+        return False
     try:
-        if fp8_block_size(qcfg) is not None:
-            return False
         return quantization == "fp8" or compressed_tensors_group(qcfg).get("weights", {}).get("type") == "float"
     except (ValueError, AttributeError):  # a malformed config: its own check names the problem
+        return False
+
+
+def _fp8_blocks(qcfg: Any) -> bool:
+    """Whether a quantization_config describes block-scaled fp8 (False also for one that names its blocks wrongly:
+    its own check says so)."""
+    try:
+        return fp8_block_size(qcfg) is not None
+    except ValueError:
         return False
 
 
@@ -342,8 +353,7 @@ def moe_problem(expert_widths: list[int] | None, quantization: str | None, enabl
     if expert_widths is None:
         return None
     if not moe_quantization_runs(quantization, qcfg):
-        kind = "block-scaled fp8 (weight_block_size)" if quantization in ("fp8", "compressed-tensors") else \
-            quantization
+        kind = "block-scaled fp8 (weight_block_size)" if _fp8_blocks(qcfg) else quantization
         return (f"{name_of('quantization')} {quantization} (given, or the checkpoint's quantization_config) is "
                 f"not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE) as {kind}: their "
                 "experts run unquantized or fp8 with a scale per row or per tensor (--quantization fp8 on an "

@@ -156,6 +156,9 @@ def _with_config(src: Path, dst: Path, **changes) -> Path:
      "fp8 .*not supported for mixture-of-experts models .*as block-scaled fp8 .*fp8 with a scale per row"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
      "gptq .*not supported for mixture-of-experts models .*as gptq: their experts run unquantized or fp8"),
+    # llm-compressor's W4A16 (int weights): compressed-tensors runs on MoE for float weights only
+    (json.loads((Path(__file__).parent / "data" / "llmcompressor-0.14-gptq-w4a16-g64.json").read_text()),
+     "compressed-tensors .*not supported for mixture-of-experts models .*as compressed-tensors: their experts"),
 ])
 def test_a_checkpoint_scheme_the_experts_lack_is_refused(tiny_model_dirs, tmp_path, qcfg, message):
     # the checkpoint's config.json asks for it without the flag: refused all the same, naming what runs (fp8)

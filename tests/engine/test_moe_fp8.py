@@ -86,15 +86,17 @@ def _checkpoint(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _fp8_checkpoint(src: Path, dst: Path) -> Path:
+def _fp8_checkpoint(src: Path, dst: Path, per_channel: bool = False) -> Path:
     """vLLM's fp8 checkpoint layout (Mixtral-8x7B-Instruct-FP8's, dynamic activations) of the model in `src`: every
-    decoder linear weight, each expert's projections apart, in fp8 with one `weight_scale` for the tensor; and beside
-    it in `dst / "dequantized"` the dense model those weights are (the oracle's)."""
+    decoder linear weight, each expert's projections apart, in fp8 with one `weight_scale` for the tensor; or with
+    `per_channel` compressed-tensors' FP8_DYNAMIC (float-quantized, a `[rows, 1]` scale a tensor, the router left
+    out as llm-compressor's MoE recipes leave it); and beside it in `dst / "dequantized"` the dense model those
+    weights are (the oracle's)."""
     tensors = _checkpoint(src)
     quantized, dequantized = {}, {}
     for name, t in tensors.items():
         if name.endswith(_FP8_WEIGHTS):
-            scale = t.abs().amax().float() / FP8_MAX
+            scale = (t.abs().amax(-1, keepdim=True) if per_channel else t.abs().amax()).float() / FP8_MAX
             t8 = quantize_fp8_static(t, scale)
             quantized[name], quantized[name.removesuffix("weight") + "weight_scale"] = t8, scale
             dequantized[name] = t8.float() * scale
@@ -107,14 +109,27 @@ def _fp8_checkpoint(src: Path, dst: Path) -> Path:
             if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
                 (folder / f.name).write_bytes(f.read_bytes())
     config = json.loads((dst / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    config["quantization_config"] = _compressed_tensors_fp8() if per_channel else \
+        {"quant_method": "fp8", "activation_scheme": "dynamic"}
     (dst / "config.json").write_text(json.dumps(config))
     return dst
 
 
-@pytest.mark.parametrize("arch", ["mixtral", pytest.param("qwen3-moe", marks=pytest.mark.slow)])
-def test_fp8_checkpoint_matches_hf_on_its_weights(tiny_model_dirs, tmp_path, arch):
-    path = _fp8_checkpoint(tiny_model_dirs[arch], tmp_path / "fp8")
+def _compressed_tensors_fp8() -> dict:
+    """compressed-tensors' FP8_DYNAMIC quantization_config (per-channel e4m3 weights, per-token activations)."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    return QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized",
+                              ignore=["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]).model_dump(
+                                  exclude_none=True)
+
+
+@pytest.mark.parametrize(("arch", "per_channel"), [("mixtral", False), ("qwen3-moe", True),
+                                                   pytest.param("qwen3-moe", False, marks=pytest.mark.slow),
+                                                   pytest.param("mixtral", True, marks=pytest.mark.slow)])
+def test_fp8_checkpoint_matches_hf_on_its_weights(tiny_model_dirs, tmp_path, arch, per_channel):
+    path = _fp8_checkpoint(tiny_model_dirs[arch], tmp_path / "fp8", per_channel)
     assert _engine_tokens(path) == _hf_fp8_greedy(path / "dequantized")
 
 
@@ -161,3 +176,20 @@ def test_admission_admits_fp8_for_moe_and_refuses_rtn(tiny_model_dirs):
     assert any("mixture-of-experts" in e and "fp8" in e for e in errors), errors
     with pytest.raises(ConfigError, match="mixture-of-experts"):
         EngineConfig.from_kwargs(str(tiny_model_dirs["qwen3-moe"]), max_model_len=64, quantization="rtn")
+
+
+def test_admission_reads_an_overridden_quantization_config(tiny_model_dirs):
+    # an --hf-overrides quantization_config is what the engine will read: block-scaled fp8 refused, per-tensor admitted
+    from flotilla.operator.admission import review
+
+    numbers = {"hiddenSize": 64, "numHiddenLayers": 2, "numAttentionHeads": 4, "numKeyValueHeads": 2, "headDim": 32,
+               "intermediateSize": 128, "vocabSize": 49152, "numExperts": 4, "moeIntermediateSize": 64}
+
+    def errors(qcfg: dict) -> list[str]:
+        overrides = json.dumps({"quantization_config": qcfg})
+        return review({"model": {"source": "pvc://m", "config": numbers}, "quantization": "fp8",
+                       "engineArgs": ["--hf-overrides", overrides]}, "m").errors
+
+    assert not errors({"quant_method": "fp8", "activation_scheme": "dynamic"})
+    refused = errors({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]})
+    assert any("mixture-of-experts" in e and "block-scaled" in e for e in refused), refused
