@@ -193,3 +193,22 @@ def test_admission_reads_an_overridden_quantization_config(tiny_model_dirs):
     assert not errors({"quant_method": "fp8", "activation_scheme": "dynamic"})
     refused = errors({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]})
     assert any("mixture-of-experts" in e and "block-scaled" in e for e in refused), refused
+
+
+def test_down_scales_take_the_row_maximum_over_ranks(monkeypatch):
+    # down's rows are split over the tensor ranks by the expert width: their scale is the whole row's maximum (the
+    # tp=2 greedy test cannot tell a rank's own maximum from it on a tiny model); gate/up rows are whole on a rank
+    from flotilla.engine.layers.moe import FusedMoE
+    from flotilla.engine.quantization import fp8
+
+    others = []
+    monkeypatch.setattr(fp8, "max_over_tp", lambda amax: others.append(amax) or torch.full_like(amax, 448.0))
+    experts = FusedMoE(2, 8, 6)
+    torch.nn.init.normal_(experts.w13_weight)
+    torch.nn.init.normal_(experts.w2_weight)
+    w13 = experts.w13_weight.detach().clone()
+    fp8.Fp8ExpertsMethod(checkpoint=False).process_weights(experts)
+    assert len(others) == 1 and tuple(others[0].shape) == (2, 8, 1)  # down's [E, H] row maxima only
+    assert torch.equal(experts.w2_weight_scale, torch.ones(2, 8))
+    torch.testing.assert_close(experts.w13_weight_scale, w13.abs().amax(-1) / FP8_MAX)
+    assert experts.w13_weight.dtype == FP8_DTYPE and experts.w13_weight_scale.is_contiguous()
