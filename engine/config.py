@@ -471,7 +471,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     with _as_config_error(RuleError):
         max_model_len = resolve_max_model_len(hf_config, v["max_model_len"])
     device = _resolve_device(v["device"])
-    from flotilla.engine.quantization import resolve_quantization  # torch: imported only by the engine
+    # torch: imported only by the engine
+    from flotilla.engine.quantization import checkpoint_quantization, resolve_quantization
 
     with _as_config_error(ValueError):
         quantization = resolve_quantization(v["quantization"], hf_config)
@@ -483,7 +484,8 @@ def _build(model_dir: Path, hf_config: dict[str, Any], v: dict[str, Any], explic
     if problem := _architecture_problem(hf_config):
         raise ConfigError(f"model {model_dir}: {problem}")
     moe_widths = moe_expert_widths(hf_config)
-    if problem := moe_problem(moe_widths, quantization, bool(v["enable_lora"]), v["tensor_parallel_size"]):
+    if problem := moe_problem(moe_widths, quantization, bool(v["enable_lora"]), v["tensor_parallel_size"],
+                              qcfg=checkpoint_quantization(hf_config)):
         raise ConfigError(f"model {model_dir}: {problem}")
     served = _served_names(v["served_model_name"], str(model_dir) if explicit_model else _embedded_model_name())
     with _as_config_error(ValueError):

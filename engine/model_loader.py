@@ -17,7 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from flotilla.engine.config import ModelConfig
-from flotilla.engine.layers.moe import expert_target, missing_experts
+from flotilla.engine.layers.moe import expert_target, is_expert_input_scale, missing_experts
 from flotilla.engine.models.causal_lm import CausalLM
 from flotilla.engine.models.registry import build_model
 from flotilla.engine.pooling.score_head import attach_score_head, score_head_tensors
@@ -191,6 +191,8 @@ def load_state(model: CausalLM, tensors: Iterable[tuple[str, torch.Tensor]], whe
                 set_kv_scale(model, *kv_scale, tensor)
             continue
         name, shard_id = checkpoint_target(name, model.packed_modules)
+        if is_expert_input_scale(name):  # fp8 experts run W8A16 (engine/layers/moe.py)
+            continue
         if not model.holds(name):  # another pipeline stage's layer
             continue
         if name not in params:

@@ -20,6 +20,7 @@ from typing import Any
 
 from flotilla.compilation_config import compilation_problem
 from flotilla.flags import FLAGS, Flag, flag, human_readable_int, json_value
+from flotilla.quantization_config import compressed_tensors_group, fp8_block_size
 
 # Engine default of --max-num-batched-tokens with chunked prefill (and its floor without).
 DEFAULT_BATCHED_TOKENS = 8192
@@ -313,18 +314,50 @@ def moe_dense_layers(num_layers: int, decoder_sparse_step: int | None, mlp_only_
     return {i for i in range(num_layers) if i in only or (i + 1) % step}
 
 
+def moe_quantization_runs(quantization: str | None, qcfg: Any) -> bool:
+    """Whether a mixture-of-experts model's experts run `quantization` (resolved: the flag or the checkpoint's
+    `quant_method`) over the checkpoint's `quantization_config` `qcfg` (None: a dense checkpoint): none, or fp8 with
+    one scale per row or per tensor — quantized at load (`--quantization fp8`), vLLM's fp8 checkpoints, or
+    compressed-tensors' float weights (engine/layers/moe.py). Block-scaled fp8 (weight_block_size) is not. Without
+    `qcfg` fp8 and compressed-tensors pass: the engine always has the checkpoint's (a compressed-tensors one needs
+    it), the operator's webhook only an --hf-overrides one, and leaves the rest to the engine's start-up check."""
+    if quantization is None:
+        return True
+    if quantization not in ("fp8", "compressed-tensors"):
+        return False
+    if qcfg is None:  # fp8 at load; or the webhook, which sees no checkpoint: the engine decides at start-up
+        return True
+    if _fp8_blocks(qcfg):
+        return False
+    try:
+        return quantization == "fp8" or compressed_tensors_group(qcfg).get("weights", {}).get("type") == "float"
+    except (ValueError, AttributeError):  # a malformed config: its own check names the problem
+        return False
+
+
+def _fp8_blocks(qcfg: Any) -> bool:
+    """Whether a quantization_config describes block-scaled fp8 (False also for one that names its blocks wrongly:
+    its own check says so)."""
+    try:
+        return fp8_block_size(qcfg) is not None
+    except ValueError:
+        return False
+
+
 def moe_problem(expert_widths: list[int] | None, quantization: str | None, enable_lora: bool, tensor: int,
-                name_of: NameOf = flag_name) -> str | None:
+                name_of: NameOf = flag_name, qcfg: Any = None) -> str | None:
     """Why a mixture-of-experts model (`moe_expert_widths`) cannot serve with these settings, or None: its experts
-    run unquantized and without adapters (a quantized or adapted model would quantize or adapt only its attention,
-    so the result would differ from what was asked without a word), and tensor parallelism splits every expert's
-    width evenly."""
+    run unquantized or fp8 (`moe_quantization_runs`; another scheme would quantize only the attention, so the result
+    would differ from what was asked without a word) and without adapters, and tensor parallelism splits every
+    expert's width evenly. `qcfg`: the checkpoint's quantization_config (or the operator's override), if any."""
     if expert_widths is None:
         return None
-    if quantization is not None:
+    if not moe_quantization_runs(quantization, qcfg):
+        kind = "block-scaled fp8 (weight_block_size)" if _fp8_blocks(qcfg) else quantization
         return (f"{name_of('quantization')} {quantization} (given, or the checkpoint's quantization_config) is "
-                "not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): their experts run "
-                "unquantized; serve an unquantized checkpoint without it")
+                f"not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE) as {kind}: their "
+                "experts run unquantized or fp8 with a scale per row or per tensor (--quantization fp8 on an "
+                "unquantized checkpoint, or an fp8 checkpoint)")
     if enable_lora:
         return (f"{name_of('enable_lora')} is not supported for mixture-of-experts models (Mixtral, Qwen2-MoE, "
                 "Qwen3-MoE): adapters would reach the attention only, not the experts; remove it")

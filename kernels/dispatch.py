@@ -271,15 +271,17 @@ FUSED_MOE = env_flag("FLOTILLA_FUSED_MOE", True)
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor) -> torch.Tensor:
+                  topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The routed experts' gated MLPs summed per token (`kernels/moe.py`): `x` `[T, H]`, stacked `w13` `[E, 2I, H]`
-    and `w2` `[E, H, I]`. The PyTorch reference unless FUSED_MOE on CUDA: its per-expert loop reads the expert
-    counts on the host, so a CUDA graph cannot hold it (the engine runs MoE models eagerly)."""
+    and `w2` `[E, H, I]` (fp8 ones with their per-row scales: W8A16). The PyTorch reference unless FUSED_MOE on
+    CUDA: its per-expert loop reads the expert counts on the host, so a CUDA graph cannot hold it (the engine runs
+    MoE models eagerly)."""
     if x.is_cuda and FUSED_MOE:
         from flotilla.kernels.triton_fused_moe import fused_experts as fused_experts_triton
 
-        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
-    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
+        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,10 @@ its up rows, as a dense layer's merged gate/up) and `w2` `[E, H, I]` (down). The
 MoE kernel does (vLLM's fused_moe: a grouped GEMM over token blocks sorted by expert): the (token, slot) pairs
 sorted by expert, each expert's gated MLP over its own tokens, the outputs weighted by the router and summed per
 token. A Triton kernel takes the same arguments behind `dispatch.fused_experts`.
+
+fp8 experts (`--quantization fp8`, fp8 checkpoints) hold `w13` and `w2` as float8_e4m3fn with one fp32 scale per
+output row of each expert (`w13_scale` `[E, 2I]`, `w2_scale` `[E, H]`) and compute W8A16: the weight upcast, the
+product summed in fp32, the row's scale multiplied on that sum, then one rounding to the activations' dtype.
 """
 
 from __future__ import annotations
@@ -35,12 +39,22 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tens
     return order, counts
 
 
+def expert_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """`x @ w.T` for one expert's projection `w` `[N, K]`; an fp8 `w` with its per-row `scale` `[N]` is upcast, the
+    product summed in fp32 and scaled per output row, then rounded once to `x`'s dtype (the fused kernel's order)."""
+    if scale is None:
+        return F.linear(x, w)
+    return (F.linear(x.float(), w.float()) * scale.float()).to(x.dtype)
+
+
 def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor) -> torch.Tensor:
+                      topk_ids: torch.Tensor, w13_scale: torch.Tensor | None = None,
+                      w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`sum over a token's slots of weight * down(silu(gate(x)) * up(x))` of the slot's expert, for `x` `[T, H]`.
 
     Each expert's product is weighted (in the weights' dtype, then rounded to `x`'s) and added into its tokens'
-    rows in expert order, as HF transformers' experts loop adds them: the same sums in the same order."""
+    rows in expert order, as HF transformers' experts loop adds them: the same sums in the same order. fp8 `w13` /
+    `w2` come with their per-row scales `w13_scale` `[E, 2I]` / `w2_scale` `[E, H]` (`expert_linear_ref`)."""
     top_k = topk_ids.shape[1]
     order, counts = sort_by_expert(topk_ids, w13.shape[0])
     tokens = order // top_k
@@ -53,7 +67,12 @@ def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk
         pairs = order[start:start + count]
         rows = tokens[start:start + count]
         start += count
-        hidden = silu_and_mul_ref(F.linear(x[rows], w13[expert]))
-        y = F.linear(hidden, w2[expert]) * flat_weights[pairs].unsqueeze(-1)
+        hidden = silu_and_mul_ref(expert_linear_ref(x[rows], w13[expert], _row(w13_scale, expert)))
+        y = expert_linear_ref(hidden, w2[expert], _row(w2_scale, expert)) * flat_weights[pairs].unsqueeze(-1)
         out.index_add_(0, rows, y.to(out.dtype))
     return out
+
+
+def _row(scale: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    """Expert `expert`'s per-row scales, or None for unquantized experts."""
+    return None if scale is None else scale[expert]

@@ -423,7 +423,7 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
         errors.append(problem)
     if (arch := spec.architecture) is not None and (problem := moe_problem(
             arch.expert_widths, values.get("quantization"), bool(values.get("enable_lora")),
-            values.get("tensor_parallel_size") or 1, _spec_name)):
+            values.get("tensor_parallel_size") or 1, _spec_name, spec.quantization_config_override)):
         errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)
 

@@ -50,9 +50,11 @@ What is counted, per replica:
   every expert's gate, up and down (numExperts x 3 x hidden x moeIntermediateSize, or intermediateSize for
   Mixtral), Qwen2-MoE's shared expert (3 x hidden x sharedExpertIntermediateSize) and the router (numExperts x
   hidden, plus the shared expert's one-logit gate), the router whole on every tensor-parallel rank; the layers
-  decoderSparseStep and mlpOnlyLayers leave dense keep the gated MLP of intermediateSize. The engine refuses
-  quantization and LoRA for them (admission too). The activation allowance below keeps intermediateSize (Mixtral's
-  expert width; above a Qwen-MoE expert's: an over-estimate).
+  decoderSparseStep and mlpOnlyLayers leave dense keep the gated MLP of intermediateSize. Under fp8 (at load or
+  an fp8 checkpoint) every expert is fp8 with a float32 scale a row (gate/up rows split over the ranks, down's
+  hidden rows on each) and the router stays at the model dtype (`moe_fp8_linear_bytes`). The engine refuses other
+  quantization schemes and LoRA for them (admission too). The activation allowance below keeps intermediateSize
+  (Mixtral's expert width; above a Qwen-MoE expert's: an over-estimate).
 - LoRA adapter slots (with spec.lora), counted with the weights: maxLoras x maxLoraRank x (inputs +
   outputs of q/k/v/o/gate/up/down) per layer at the model dtype, as the engine allocates them.
 - KV cache per token: 2 (K and V) x layers x KV heads x head dim x KV dtype bytes (model dtype, or
@@ -371,6 +373,8 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     storage = linear_storage(quantization, arch, quantization_config, rtn, dtype)
     if storage is not None and storage.block is not None:
         return linear * storage.bits // 8 + block_scales(arch, storage.block, tensor) * storage.scale_bytes + dense
+    if storage == FP8_STORAGE and arch.num_experts is not None and arch.num_parameters is None:
+        return moe_fp8_linear_bytes(arch, tensor, dtype) + dense
     if storage is not None:
         scales = linear // storage.group if storage.group else linear_rows(arch, tensor)
         order = ACT_ORDER_INDEX_BYTES * act_order_inputs(arch) if storage.act_order else 0
@@ -380,6 +384,27 @@ def weight_bytes(arch: ModelArchitecture, quantization: str, dtype: str = "auto"
     gguf = _dtype_bytes(dtype) + (GGUF_INT4_CODE_BYTES_PER_WEIGHT if arch.weight_bits != 8 else 0)
     per_weight = {"none": _dtype_bytes(dtype), "gguf": gguf}[quantization]
     return int(linear * per_weight + dense)
+
+
+def moe_fp8_linear_bytes(arch: ModelArchitecture, tensor: int = 1, dtype: str = "auto") -> int:
+    """Bytes of a mixture-of-experts model's linear layers under fp8 over `tensor` ranks, as the engine holds them
+    (engine/quantization/fp8.py): every linear weight and expert a byte a weight with a float32 scale a row — the
+    experts' gate/up rows split over the ranks, their down rows (hidden) whole on each, as a dense layer's o and
+    down — and each sparse layer's router (and Qwen2-MoE's shared-expert gate) whole on every rank at the model
+    dtype, unquantized."""
+    linear, _ = parameter_counts(arch, tensor)
+    router = arch.sparse_layers * tensor * _router_parameters(arch)
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    kv_heads = max(arch.num_key_value_heads or arch.num_attention_heads, tensor)
+    whole = tensor * arch.hidden_size  # a row-parallel layer's rows, on every rank
+    attention = (arch.num_attention_heads + 2 * kv_heads) * head_dim + whole
+    width = arch.moe_intermediate_size or arch.intermediate_size
+    shared = arch.shared_expert_intermediate_size or 0
+    experts = (arch.num_experts or 0) * (2 * width + whole) + (2 * shared + whole if shared else 0)
+    dense_mlp = 2 * arch.intermediate_size + whole
+    rows = (arch.num_hidden_layers * attention + arch.sparse_layers * experts
+            + (arch.num_hidden_layers - arch.sparse_layers) * dense_mlp)
+    return (linear - router) * FP8_STORAGE.bits // 8 + rows * FP8_STORAGE.scale_bytes + router * _dtype_bytes(dtype)
 
 
 def gguf_file_bytes(arch: ModelArchitecture) -> int:

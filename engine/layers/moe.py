@@ -6,6 +6,10 @@ weights are stacked at load into one tensor a projection kind (`w13_weight` `[E,
 that a fused Triton kernel can take over. Qwen2-MoE adds a shared expert (a dense MLP every token runs) scaled by
 a sigmoid gate. With tensor parallelism every rank holds every expert's slice of the intermediate width (as a
 dense MLP splits it) and the partial outputs are summed over the ranks.
+
+fp8 experts (engine/quantization/fp8.py `Fp8ExpertsMethod`): the stacked weights are float8_e4m3fn with one fp32
+scale per output row of each expert (`w13_weight_scale` `[E, 2I/tp]`, `w2_weight_scale` `[E, H]`), computed W8A16.
+The router stays unquantized (vLLM's rule).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from flotilla.engine.parallel_state import all_reduce, tp_rank, tp_size
 from flotilla.engine_rules import moe_dense_layers, moe_num_experts
 from flotilla.kernels.dispatch import fused_experts, moe_routing
 
-# A checkpoint expert tensor's name (after the model's own renames): layer prefix, expert, projection.
+# A checkpoint expert tensor's name (after the model's own renames): layer prefix, expert, projection, tensor (the
+# weight, or an fp8 checkpoint's scales).
 _EXPERT_NAME = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\."
-                          r"(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+                          r"(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)\.(?P<tensor>weight|weight_scale|input_scale)$")
 # projection -> (our stacked parameter, part within an expert's slice): gate rows first, then up; down alone
 _PROJECTIONS = {"w1": ("w13_weight", 0), "gate_proj": ("w13_weight", 0), "w3": ("w13_weight", 1),
                 "up_proj": ("w13_weight", 1), "w2": ("w2_weight", 0), "down_proj": ("w2_weight", 0)}
-_PART_NAMES = {"w13_weight": ("gate_proj", "up_proj"), "w2_weight": ("down_proj",)}
+_PART_NAMES = {"w13": ("gate_proj", "up_proj"), "w2": ("down_proj",)}
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,10 @@ class MoeArch:
 
 
 class FusedMoE(nn.Module):
-    """Every expert's gated MLP, stacked: `w13_weight` `[E, 2I/tp, H]` and `w2_weight` `[E, H, I/tp]`."""
+    """Every expert's gated MLP, stacked: `w13_weight` `[E, 2I/tp, H]` and `w2_weight` `[E, H, I/tp]`; fp8 ones with
+    per-row scales (`quant_method`, attached before the load)."""
+
+    quant_method: Any = None  # engine/quantization/fp8.py's Fp8ExpertsMethod, or None: the model's dtype
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
@@ -97,9 +105,22 @@ class FusedMoE(nn.Module):
                                  f"{full})")
             param.data[expert].copy_(loaded.narrow(1, tp_rank() * size, size))
 
+    def scale_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        """Put one expert's checkpoint scales (`shard_id` = (expert, part)) into per-row `param` (`w13_weight_scale`
+        `[E, 2I/tp]` or `w2_weight_scale` `[E, H]`): one per row, or one for the whole tensor spread over its rows."""
+        expert, part = shard_id
+        loaded = loaded.float().reshape(-1)
+        if param is getattr(self, "w2_weight_scale", None):  # down's rows (the hidden size) are not split
+            param.data[expert].copy_(loaded.expand(param.shape[1]) if loaded.numel() == 1 else loaded)
+            return
+        size = self.intermediate_size
+        rows = loaded.expand(size * tp_size()) if loaded.numel() == 1 else loaded
+        param.data[expert].narrow(0, part * size, size).copy_(rows.narrow(0, tp_rank() * size, size))
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's part of the routed experts' sum `[T, H]` (not yet summed over ranks)."""
-        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return fused_experts(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                             getattr(self, "w13_weight_scale", None), getattr(self, "w2_weight_scale", None))
 
 
 class SparseMoeBlock(nn.Module):
@@ -132,19 +153,28 @@ class SparseMoeBlock(nn.Module):
 
 def expert_target(name: str) -> tuple[str, tuple[int, int]] | None:
     """The stacked parameter and (expert, part) a checkpoint expert tensor loads into (e.g.
-    `layers.0.mlp.experts.3.up_proj.weight` -> (`layers.0.mlp.experts.w13_weight`, (3, 1))), or None for any
-    other tensor."""
+    `layers.0.mlp.experts.3.up_proj.weight` -> (`layers.0.mlp.experts.w13_weight`, (3, 1)); its `weight_scale` ->
+    `w13_weight_scale`; an fp8 checkpoint's `input_scale` -> `w13_input_scale`, which no parameter takes: the
+    loader drops it, the experts being W8A16), or None for any other tensor."""
     match = _EXPERT_NAME.match(name)
     if match is None:
         return None
     param, part = _PROJECTIONS[match["proj"]]
-    return f"{match['prefix']}.{param}", (int(match["expert"]), part)
+    kind = param.removesuffix("_weight")
+    return f"{match['prefix']}.{kind}_{match['tensor']}", (int(match["expert"]), part)
+
+
+def is_expert_input_scale(name: str) -> bool:
+    """Whether parameter name `name` (an `expert_target`) is a static fp8 checkpoint's experts' activation scale:
+    not used, the experts computing W8A16 (vLLM's fp8 MoE on GPUs without fp8 tensor cores does so too)."""
+    return name.endswith(("w13_input_scale", "w2_input_scale")) and ".experts." in name
 
 
 def missing_experts(name: str, got: set[Any], num_experts: int) -> set[str]:
     """The expert tensors (by a checkpoint's Qwen-style names) that stacked parameter `name` did not receive, given
     the (expert, part) shards it did: a missing one would leave its slice uninitialised."""
     prefix, param = name.rsplit(".", 1)
-    parts = _PART_NAMES[param]
-    return {f"{prefix}.{e}.{proj}.weight" for e in range(num_experts) for p, proj in enumerate(parts)
+    kind, tensor = param.split("_", 1)
+    parts = _PART_NAMES[kind]
+    return {f"{prefix}.{e}.{proj}.{tensor}" for e in range(num_experts) for p, proj in enumerate(parts)
             if (e, p) not in got}

@@ -120,6 +120,7 @@ def attach_quant_method(model: nn.Module, method: LinearMethod) -> None:
     for layer in quantizable_layers(model):
         layer.quant_method = method
         method.create_weights(layer)
+    _attach_experts_method(model, method)
 
 
 def process_quantized_weights(model: nn.Module) -> None:
@@ -132,6 +133,28 @@ def process_quantized_weights(model: nn.Module) -> None:
         for layer in quantizable_layers(model):
             if layer.quant_method is not None:
                 layer.quant_method.process_weights(layer)
+        for experts in _expert_layers(model):
+            if experts.quant_method is not None:
+                experts.quant_method.process_weights(experts)
+
+
+def _expert_layers(model: nn.Module) -> list[Any]:
+    """A mixture-of-experts model's stacked experts (`FusedMoE`), one a sparse layer."""
+    from flotilla.engine.layers.moe import FusedMoE
+
+    return [m for m in model.modules() if isinstance(m, FusedMoE)]
+
+
+def _attach_experts_method(model: nn.Module, method: LinearMethod) -> None:
+    """Before loading: fp8 experts for the fp8 schemes (`fp8.experts_method`); the engine's config refused every
+    other scheme on a mixture-of-experts model (flotilla/engine_rules.py `moe_problem`)."""
+    from flotilla.engine.quantization.fp8 import experts_method
+
+    for experts in _expert_layers(model):
+        experts.quant_method = experts_method(method)
+        if experts.quant_method is None:
+            raise ValueError(f"{type(method).__name__} does not quantize a mixture-of-experts model's experts")
+        experts.quant_method.create_weights(experts)
 
 
 def convert_checkpoint(

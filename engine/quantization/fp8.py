@@ -12,6 +12,10 @@ FP8 / FP8_DYNAMIC schemes) load their `weight` and `weight_scale` (per channel, 
 spread over the rows it covers) and, for static activation schemes, `input_scale` (one per tensor;
 q, k and v of a merged layer share the largest, as vLLM does). Block-scaled fp8 checkpoints (`weight_block_size`,
 compressed-tensors FP8_BLOCK) are `fp8_block.py`'s.
+
+A mixture-of-experts model's stacked experts (engine/layers/moe.py) take `Fp8ExpertsMethod`: the same per-row
+quantizer at load, or the checkpoint's fp8 experts and their scales (per row, or per tensor spread over its rows),
+computed W8A16 by the fused MoE kernel; the router is left unquantized, as vLLM leaves it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from flotilla.engine.parallel_state import max_over_tp
 from flotilla.engine.quantization.method import LinearMethod, out_features, replace_parameter
 from flotilla.kernels.dispatch import fp8_linear, fp8_weight_only_linear
 from flotilla.kernels.fp8_linear import FP8_DTYPE, FP8_MAX, FP8_MIN_SCALE, quantize_fp8_static
@@ -84,3 +89,44 @@ def _scale_loader(layer: Any) -> Callable[..., None]:
 
 def _max_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
     param.data.copy_(torch.maximum(param.data, loaded.float().reshape(1)))
+
+
+class Fp8ExpertsMethod:
+    """fp8 stacked experts (`FusedMoE`): `w13_weight` / `w2_weight` float8_e4m3fn with fp32 scales per output row of
+    each expert, `w13_weight_scale` `[E, 2I/tp]` and `w2_weight_scale` `[E, H]`. `checkpoint`: read them (else the
+    dense experts load in the model dtype and are quantized once loaded)."""
+
+    def __init__(self, checkpoint: bool) -> None:
+        self.checkpoint = checkpoint
+
+    def create_weights(self, experts: Any) -> None:
+        """An fp8 checkpoint's parameters: fp8 weights and per-row scales with the experts' scale loader."""
+        if not self.checkpoint:
+            return
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(experts, name)
+            replace_parameter(experts, name, torch.empty(weight.shape, dtype=FP8_DTYPE))
+            replace_parameter(experts, f"{name}_scale", torch.ones(weight.shape[:2], dtype=torch.float32),
+                              loader=experts.scale_loader)
+
+    def process_weights(self, experts: Any) -> None:
+        """Quantized at load: each expert's rows rounded to fp8 over their absolute maximum / 448 (`w2`'s rows span
+        the tensor-parallel ranks: their maximum is the largest over ranks, as a row-parallel linear's)."""
+        if self.checkpoint:
+            return
+        for name, whole_rows in (("w13_weight", True), ("w2_weight", False)):
+            weight = getattr(experts, name).data
+            amax = weight.abs().amax(dim=-1, keepdim=True).float()
+            scale = ((amax if whole_rows else max_over_tp(amax)) / FP8_MAX).clamp(min=FP8_MIN_SCALE)
+            replace_parameter(experts, name, quantize_fp8_static(weight, scale))
+            replace_parameter(experts, f"{name}_scale", scale.squeeze(-1).contiguous())
+
+
+def experts_method(method: LinearMethod) -> Fp8ExpertsMethod | None:
+    """The experts' method beside the linear layers' `method`: fp8 per row for the fp8 schemes a mixture-of-experts
+    model runs (flotilla/engine_rules.py `moe_quantization_runs`), None for any other."""
+    if isinstance(method, Fp8CheckpointMethod):
+        return Fp8ExpertsMethod(checkpoint=True)
+    if type(method) is Fp8OnlineMethod:
+        return Fp8ExpertsMethod(checkpoint=False)
+    return None

@@ -749,8 +749,9 @@ def test_prefill_loop_forms_compile_for_hopper(compiled):
 
 
 def _compile_fused_moe() -> dict[str, dict[str, object]]:
-    """The fused MoE's grouped GEMM (`triton_fused_moe.py`) in bf16 at its default tiles: the gate/up form (rows
-    gathered by token) and the down form (each row weighted by its router weight)."""
+    """The fused MoE's grouped GEMM (`triton_fused_moe.py`) at its default tiles, bf16 activations over bf16 or fp8
+    experts (W8A16, per-row scales): the gate/up form (rows gathered by token) and the down form (each row weighted
+    by its router weight)."""
     import triton.language as tl
 
     from flotilla.kernels.triton_fused_moe import _grouped_gemm_kernel
@@ -758,11 +759,14 @@ def _compile_fused_moe() -> dict[str, dict[str, object]]:
     fn = _grouped_gemm_kernel
     aligned = tuple(n for n in fn.arg_names if n.endswith("_ptr") or n in ("n", "k") or n.startswith("stride_"))
     pointers = {"a_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "sorted_pairs_ptr": "*i64",
-                "block_experts_ptr": "*i64", "weights_ptr": "*fp32"}
+                "block_experts_ptr": "*i64", "weights_ptr": "*fp32", "w_scale_ptr": "*fp32"}
     common = dict(DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
-    return {name: _compile_for_hopper(fn, pointers, dict(common, A_ROW_DIV=div, MUL_WEIGHT=weighted), aligned,
-                                      num_warps=4, num_stages=2)
-            for name, div, weighted in (("fused_moe gate_up bf16", 8, False), ("fused_moe down bf16", 1, True))}
+    forms = (("fused_moe gate_up bf16", 8, False, "*bf16"), ("fused_moe down bf16", 1, True, "*bf16"),
+             ("fused_moe gate_up fp8", 8, False, "*fp8e4nv"), ("fused_moe down fp8", 1, True, "*fp8e4nv"))
+    return {name: _compile_for_hopper(fn, pointers | {"w_ptr": w_type},
+                                      dict(common, A_ROW_DIV=div, MUL_WEIGHT=weighted, W_SCALED=w_type != "*bf16"),
+                                      aligned, num_warps=4, num_stages=2)
+            for name, div, weighted, w_type in forms}
 
 
 def _compile_int8() -> dict[str, dict[str, object]]:
@@ -805,10 +809,14 @@ def test_int8_kernels_compile_for_hopper(compiled):
 
 @pytest.mark.skipif(_cuda_backend_missing(), reason="Triton's CUDA backend is not installed")
 def test_fused_moe_compiles_for_hopper(compiled):
-    """The fused MoE's grouped GEMM compiles for sm_90 (this file run as a script with `moe`), onto the tensor cores."""
+    """The fused MoE's grouped GEMM compiles for sm_90 (this file run as a script with `moe`), onto the tensor cores,
+    for bf16 and fp8 experts; the fp8 forms convert the e4m3 weight tile in registers (no bf16 copy of the experts)."""
     result = compiled("moe")
+    assert set(result) == {"fused_moe gate_up bf16", "fused_moe down bf16", "fused_moe gate_up fp8",
+                           "fused_moe down fp8"}
     for name, r in result.items():
         assert r["cubin_bytes"] > 0 and r["mma"], name
+        assert r["e4m3_cvt"] == name.endswith("fp8"), name
 
 
 # The script's modes: one kernel family each, and `_compile_all` in two parts of about equal compile time (the

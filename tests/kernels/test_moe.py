@@ -74,3 +74,22 @@ def test_an_expert_no_token_chose_is_never_computed():
     w13[1] = float("nan")
     weights, ids = topk_routing_ref(torch.tensor([[5.0, -9.0, 1.0]] * 3), 2, renormalize=True)
     assert not torch.isnan(fused_experts_ref(x, w13, w2, weights, ids)).any()
+
+
+def test_fp8_experts_reference_equals_the_dequantized_weights():
+    # W8A16: the fp8 codes upcast, the fp32 sum scaled per row, equal (up to fp32 summation order) to the unquantized
+    # reference over the dequantized weights `codes * scale`
+    from flotilla.kernels.fp8_linear import quantize_fp8_rows
+
+    g = torch.Generator().manual_seed(5)
+    x, w13 = torch.randn(9, 32, generator=g), torch.randn(4, 48, 32, generator=g)
+    w2 = torch.randn(4, 32, 24, generator=g)
+    w13_8, s13 = quantize_fp8_rows(w13.reshape(-1, 32))
+    w2_8, s2 = quantize_fp8_rows(w2.reshape(-1, 24))
+    weights, ids = topk_routing_ref(torch.randn(9, 4, generator=g), 2, renormalize=True)
+    out = fused_experts_ref(x, w13_8.reshape(4, 48, 32), w2_8.reshape(4, 32, 24), weights, ids, s13.reshape(4, 48),
+                            s2.reshape(4, 32))
+    dequantized = fused_experts_ref(x, (w13_8.float() * s13).reshape(4, 48, 32), (w2_8.float() * s2).reshape(4, 32, 24),
+                                    weights, ids)
+    torch.testing.assert_close(out, dequantized, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out, fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-3, atol=1e-3)  # rounded

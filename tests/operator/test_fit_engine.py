@@ -363,12 +363,8 @@ MOE = {
 }
 
 
-@pytest.mark.parametrize("tensor", [1, 2])
-@pytest.mark.parametrize("case", list(MOE))
-def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_path, monkeypatch, case, tensor):
-    # Every expert of every sparse layer (stacked [E, 2I, H] and [E, H, I], split over ranks by width), the router
-    # whole on each rank, Qwen2-MoE's shared expert and its gate; a dense layer's MLP of intermediate_size. Counted
-    # as a dense MLP of intermediate_size, the fit check said up to 2.9 times less than the engine holds (Mixtral here).
+def _moe_engine_bytes(tmp_path, monkeypatch, case: str, tensor: int, **flags) -> tuple[int, ModelArchitecture]:
+    """The weight bytes every rank of MOE `case` allocates, summed, and its spec.model.config numbers."""
     from flotilla.engine import parallel_state
     from flotilla.engine.config import EngineConfig
     from flotilla.engine.model_loader import load_model
@@ -376,7 +372,7 @@ def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_pat
     changes, numbers = MOE[case]
     (tmp_path / "config.json").write_text(json.dumps(CONFIG | changes))
     config = EngineConfig.from_kwargs(str(tmp_path), load_format="dummy", dtype="bfloat16", max_model_len=256,
-                                      tensor_parallel_size=tensor)
+                                      tensor_parallel_size=tensor, **flags)
     engine = 0
     for rank in range(tensor):
         monkeypatch.setattr(parallel_state, "_RANK", parallel_state.ParallelRank.of(rank, tensor, 1))
@@ -384,7 +380,34 @@ def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_pat
     arch = ModelArchitecture.model_validate({
         "hiddenSize": HIDDEN, "numHiddenLayers": LAYERS, "numAttentionHeads": HEADS, "numKeyValueHeads": KV_HEADS,
         "headDim": HEAD_DIM, "intermediateSize": MLP, "vocabSize": VOCAB, **numbers})
+    return engine, arch
+
+
+@pytest.mark.parametrize("tensor", [1, 2])
+@pytest.mark.parametrize("case", list(MOE))
+def test_fit_weights_of_mixture_of_experts_equal_what_the_ranks_allocate(tmp_path, monkeypatch, case, tensor):
+    # Every expert of every sparse layer (stacked [E, 2I, H] and [E, H, I], split over ranks by width), the router
+    # whole on each rank, Qwen2-MoE's shared expert and its gate; a dense layer's MLP of intermediate_size. Counted
+    # as a dense MLP of intermediate_size, the fit check said up to 2.9 times less than the engine holds (Mixtral here).
+    engine, arch = _moe_engine_bytes(tmp_path, monkeypatch, case, tensor)
     assert weight_bytes(arch, "none", "bfloat16", tensor=tensor) == pytest.approx(engine, rel=0.005)
+
+
+@pytest.mark.parametrize("tensor", [1, 2])
+@pytest.mark.parametrize("case", list(MOE))
+def test_fit_weights_of_fp8_experts_equal_what_the_ranks_allocate(tmp_path, monkeypatch, case, tensor):
+    # --quantization fp8: experts, shared expert, attention and dense MLPs a byte a weight with a float32 scale a row
+    # (the experts' down rows and o's on every rank); the routers at bf16. To the byte.
+    from flotilla.engine.layers import linear
+    from flotilla.engine.quantization import fp8
+
+    for module in (linear, fp8):  # per-row scales over one process: no other ranks to take a maximum with
+        monkeypatch.setattr(module, "max_over_tp", lambda amax: amax)
+    engine, arch = _moe_engine_bytes(tmp_path, monkeypatch, case, tensor, quantization="fp8")
+    # Qwen2-MoE's q/k/v biases (bf16), which the fit check leaves out for every architecture
+    biases = LAYERS * (HEADS + 2 * max(KV_HEADS, tensor)) * HEAD_DIM * 2 if case.startswith("qwen2") else 0
+    assert weight_bytes(arch, "fp8", "bfloat16", tensor=tensor) + biases == engine
+    assert engine < 0.6 * weight_bytes(arch, "none", "bfloat16", tensor=tensor)  # about half of bf16
 
 
 LLM_COMPRESSOR = Path(__file__).parents[1] / "engine" / "data" / "llmcompressor-0.14-gptq-w4a16-g64.json"
