@@ -39,10 +39,11 @@ What is counted, per replica:
   rtn (quantized at load): RTN_NUM_BITS and RTN_GROUP_SIZE from spec.pod.env (default 8 bits in groups of
   128: 1 + 3/128 in bf16; 4 bits: 0.5 + 3/128; group -1: one scale and zero a row).
   gguf (a .gguf file, engine/quantization/gguf.py): what the engine holds on a GPU, not the file's bytes. A
-  Q4_0/Q4_1 linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
+  Q4_0/Q4_1/Q4_K linear keeps its codes (int32-packed, 0.5 byte a weight) with a float32 scale and offset a
   block of 32 (0.25) and, on CUDA, also the weight dequantized once at load at the model dtype (2 for bf16):
   2.75 bytes a weight in bf16, more than the dense checkpoint. `model.config.weightBits` 8 (Q8_0 linears,
-  dequantized at load, codes not kept): the model dtype. Assumed 4 (Q4_0/Q4_1) when absent.
+  dequantized at load, codes not kept; also Q5_*/Q6_K files): the model dtype. Assumed 4 (Q4_0/Q4_1/Q4_K) when
+  absent.
   The file itself (the hf:// download's emptyDir size, deployment.py): Q4_0 18 bytes a block of 32, Q4_1
   20 (counted: the larger), Q8_0 34; embeddings and an untied LM head as llama.cpp's Q4/Q8 files commonly
   hold them, counted at Q8_0 (the embedded SmolLM2 file's; Q6_K is smaller, F16 larger).
