@@ -523,10 +523,12 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias:
               *, gated: bool = False) -> bool:  # fmt: skip
     """Whether `fp8_row_gemv` takes these operands: one row of bf16/fp16 activations, contiguous, 8-byte aligned;
     an e4m3 weight `[N, K]` (gated: an even N) with contiguous rows, K and the row stride multiples of 4 and a
-    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales; a contiguous bias
-    of N values in x's dtype."""
+    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales, `[N]` or `[N, 1]`
+    (never block scales, whose count may match N: `fp8_row_gemv_block`); a contiguous bias of N values in x's
+    dtype."""
+    n = w_fp8.shape[0]
     return (_takes_row_and_weight(x, w_fp8, bias, gated) and w_scale.dtype == torch.float32
-            and w_scale.numel() == w_fp8.shape[0] and w_scale.is_contiguous())  # fmt: skip
+            and tuple(w_scale.shape) in ((n,), (n, 1)) and w_scale.is_contiguous())  # fmt: skip
 
 
 def _takes_row_and_weight(x: torch.Tensor, w_fp8: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> bool:
