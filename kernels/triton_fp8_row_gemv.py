@@ -266,17 +266,15 @@ def _xs(x_ptr, s_row, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr, SCA
     scale of each word's K block (`s_row`: the program's row of block scales, SCALE_WORDS words a block), else the
     words again (a dead value, never loaded)."""
     if EVEN_K:
-        j = tl.minimum(j0, KW - WORDS) + js
-        q = tl.load(x_ptr + j)
+        q = tl.load(x_ptr + tl.minimum(j0, KW - WORDS) + js)
     else:
-        j = j0 + js
-        q = tl.load(x_ptr + j, mask=j < KW, other=0)
+        q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)
     s = q
     if SCALE_WORDS > 0:  # a word's four K positions lie in one block; the row's few scales stay in L1
         if EVEN_K:
-            s = tl.load(s_row + j // SCALE_WORDS)
+            s = tl.load(s_row + (tl.minimum(j0, KW - WORDS) + js) // SCALE_WORDS)
         else:
-            s = tl.load(s_row + j // SCALE_WORDS, mask=j < KW, other=0.0)
+            s = tl.load(s_row + (j0 + js) // SCALE_WORDS, mask=(j0 + js) < KW, other=0.0)
     return q, s
 
 
