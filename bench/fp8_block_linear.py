@@ -92,7 +92,8 @@ def bench_shape(name: str, n: int, k: int, m: int, sweep: bool, bf16: bool = Tru
     ref_channel = ref_w8a16 if m <= dispatch.FP8_GEMV_MAX_ROWS else fp8_linear_ref(xs[0], codes[0], rows[0])
     cfg = default_config(m, n, k, BLOCK, num_sms(0))
     result: dict = {"name": name, "n": n, "k": k, "m": m, "weight_sets": sets, "calls_per_graph": calls,
-                    "block_default": cfg.__dict__, "kernel": dispatch.fp8_block_kernel(xs[0], codes[0], block[0], BLOCK)}
+                    "block_default": cfg.__dict__,
+                    "kernel": dispatch.fp8_block_kernel(xs[0], codes[0], block[0], BLOCK)}
     block_bytes = n * k + block[0].numel() * 4
     variants: dict[str, tuple[Callable[[int], torch.Tensor], torch.Tensor, int]] = {
         "block": (lambda i: dispatch.fp8_block_linear(xs[i % sets], codes[i % sets], block[i % sets], BLOCK),

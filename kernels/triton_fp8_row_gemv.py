@@ -33,6 +33,10 @@ bf16 loop's ~1.9. Here (`_row_sums`; 203 instructions for the same 64 bytes, 3.2
   3.099 -> 3.263 ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel
   of main), 1 after the K loop (dependents launch during this kernel's epilogue, not while its last wave streams).
 
+Block-scaled fp8 (`fp8_row_gemv_block`, `dispatch.fp8_block_linear` at one row): the plain kernel with SCALE_WORDS
+> 0: the program's rows lie in one n-block, and each activation is multiplied by its K block's scale in the loop
+(`_step`), the epilogue's row scale left out; not gated, no rope form (block layers run neither fused seam).
+
 Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once to the activation dtype, as
 `fp8_gemv`; the gated form then rounds as `F.linear` + the SiLU kernel (`triton_gated_gemv.py`'s rounding points).
 The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
@@ -397,10 +401,7 @@ def _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS: tl.constexpr, GATED: tl.
                 ROW_SCALES: tl.constexpr = True):  # fmt: skip
     """The rows' scales and biases (fp32; zero without a bias), and the up rows' (`rows + N`; GATED only, else the
     gate rows' again). ROW_SCALES False (block scales, applied in the loop): scales of 1."""
-    if ROW_SCALES:
-        scale_g = tl.load(scale_ptr + rows)
-    else:
-        scale_g = tl.full(rows.shape, 1.0, tl.float32)
+    scale_g = tl.load(scale_ptr + rows) if ROW_SCALES else tl.full(rows.shape, 1.0, tl.float32)
     bias_g = tl.zeros_like(scale_g)
     if HAS_BIAS:
         bias_g = tl.load(bias_ptr + rows).to(tl.float32)
@@ -623,7 +624,7 @@ def fp8_row_gemv_block(
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    cfg = default_config(n, k, device_sms(x), **(env_knobs(n, k, device_card(x)) | knobs))
+    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k, device_card(x)) | knobs))
     cfg = dataclasses.replace(cfg, block_n=min(cfg.block_n, block[0]))
     words = w_fp8.view(torch.int32)
     _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](

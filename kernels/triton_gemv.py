@@ -37,7 +37,10 @@ per output feature. The activations stay in their dtype (no per-token quantizati
 tile is converted in registers (to fp32 for the FMA path, to the activation dtype for `tl.dot`),
 and the scale multiplies the finished fp32 sum once per output, since it factors out of the sum
 over K. Half the bytes of a bf16 weight per output, so the FMA tiles are twice as wide along K to
-keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`.
+keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`. Block-scaled fp8
+(`fp8_gemv_block`, one scale a `[block_n, block_k]` block): the same kernel with SCALE_BK > 0, the tile's rows in
+one n-block and the scales applied inside the K loop (`_scaled_step`); the oracle is
+`fp8_block_linear.fp8_block_linear_ref`.
 
 Programmatic dependent launch (`kernels/pdl.py`, FLOTILLA_PDL=1, batch-1 decode): the GEMV may start while the
 small kernel ahead of it (RMSNorm, SiLU-and-mul, the attention merge) still runs. The first K step is then peeled:
@@ -608,7 +611,7 @@ def gemv(
         weight.stride(0),
         out2.stride(0),
         k_per_split,
-        weight_scale.stride(0) if scale_block is not None else 0,
+        weight_scale.stride(0) if scale_block is not None and weight_scale is not None else 0,
         *lora_args,
         HAS_SCALE=weight_scale is not None and scale_block is None,
         HAS_BIAS=bias is not None,
@@ -685,5 +688,5 @@ def int8_gemv(
 
 
 __all__ = ["ONE_ROW_TILES", "GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fp8_gemv_block",
-           "fuses_lora", "gemv", "int8_gemv", "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles", "set_one_row_tiles",
-           "tiles_spec"]
+           "fuses_lora", "gemv", "int8_gemv", "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles",
+           "set_one_row_tiles", "tiles_spec"]

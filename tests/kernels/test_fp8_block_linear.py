@@ -105,7 +105,8 @@ def h100_shapes(monkeypatch):
         monkeypatch.setattr(mod, "device_card", lambda t: None)
 
 
-def test_decode_rows_take_the_per_channel_gemvs_block_forms(monkeypatch, h100_shapes):
+@pytest.mark.usefixtures("h100_shapes")
+def test_decode_rows_take_the_per_channel_gemvs_block_forms(monkeypatch):
     """`dispatch.fp8_block_kernel`: one row the one-row fp8 GEMV's block form (FLOTILLA_FP8_ROW_GEMV on, bf16/fp16),
     2..16 rows (and one row where the row GEMV is off or does not take the row) the <=16-row GEMV's, the GEMM
     above and with FLOTILLA_FP8_GEMV=0, the reference off CUDA and for blocks the kernels do not take."""
@@ -123,7 +124,8 @@ def test_decode_rows_take_the_per_channel_gemvs_block_forms(monkeypatch, h100_sh
     assert kernel(1) == "gemm" and kernel(16) == "gemm"
 
 
-def test_fused_one_row_seams_never_take_block_scales(h100_shapes):
+@pytest.mark.usefixtures("h100_shapes")
+def test_fused_one_row_seams_never_take_block_scales():
     """The one-row fp8 GEMV's gated and qkv-rope seams read one scale a row: a block layer's scales are not that,
     even where their count equals the rows' (an [64, 256] weight in 16 x 16 blocks has 4 x 16 = 64 scales)."""
     x, w8, scale, _ = _case(1, 64, 256, (16, 16), torch.bfloat16)
@@ -136,6 +138,7 @@ def test_fused_one_row_seams_never_take_block_scales(h100_shapes):
                                                                                                  32)  # fmt: skip
 
 
+@pytest.mark.usefixtures("h100_shapes")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k", "block"), [
     (1, 200, 304, (128, 128)),  # N and K end mid-block; the row GEMV's masked (uneven) K steps
@@ -143,7 +146,7 @@ def test_fused_one_row_seams_never_take_block_scales(h100_shapes):
     (3, 200, 300, (128, 128)),  # the <=16-row GEMV's FMA path, partial blocks
     (16, 136, 384, (64, 128)),  # its dot path (rows padded to 16), split K over 12 steps
 ])
-def test_decode_kernels_through_the_dispatch_match_the_reference(dtype, m, n, k, block, h100_shapes):
+def test_decode_kernels_through_the_dispatch_match_the_reference(dtype, m, n, k, block):
     """`dispatch.fp8_block_linear` at 1, 3 and 16 rows on CUDA (a fake CUDA tensor under the interpreter) against
     the reference: each activation (or dot step) scaled by its own block's scale."""
     x, w8, scale, bias = _case(m, n, k, block, dtype)
