@@ -630,15 +630,24 @@ def fp8_block_linear(
     block: tuple[int, int],
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A16 `x @ (w_fp8 * scale)^T + b` with one fp32 scale a `block` of the fp8 weight (`fp8_block_linear.py`), at
-    every row count: the Triton block GEMM on CUDA where it takes the operands (blocks of a power of two), else the
+    """W8A16 `x @ (w_fp8 * scale)^T + b` with one fp32 scale a `block` of the fp8 weight (`fp8_block_linear.py`), by
+    `fp8_block_kernel`'s choice: on CUDA the per-channel fp8 GEMVs' block-scaled forms at decode (one row:
+    `fp8_row_gemv_block`; up to FP8_GEMV_MAX_ROWS: `fp8_gemv_block`), the Triton block GEMM above, else the
     reference (the CPU path; on CUDA the same fp32 dequantize and matmul)."""
-    if x.is_cuda:
-        from flotilla.kernels.triton_fp8_block_linear import fp8_block_linear as fp8_block_linear_triton
-        from flotilla.kernels.triton_fp8_block_linear import supported
+    kernel = fp8_block_kernel(x, w_fp8, scale, block, bias)
+    if kernel == "row_gemv":
+        from flotilla.kernels.triton_fp8_row_gemv import fp8_row_gemv_block
 
-        if supported(x, w_fp8, scale, block):
-            return fp8_block_linear_triton(x, w_fp8, scale, block, bias)
+        out = fp8_row_gemv_block(x.reshape(1, x.shape[-1]), w_fp8, scale, block, bias)
+        return out.reshape(*x.shape[:-1], w_fp8.shape[0])
+    if kernel == "gemv":
+        from flotilla.kernels.triton_gemv import fp8_gemv_block
+
+        return fp8_gemv_block(x, w_fp8, scale, block, bias)
+    if kernel == "gemm":
+        from flotilla.kernels.triton_fp8_block_linear import fp8_block_linear as fp8_block_linear_triton
+
+        return fp8_block_linear_triton(x, w_fp8, scale, block, bias)
     return fp8_block_linear_ref(x, w_fp8, scale, block, bias)
 
 
@@ -657,6 +666,26 @@ def nf4_linear(
 
         return nf4_linear_triton(x, packed, absmax, values, bias)
     return nf4_linear_ref(x, packed, absmax, values, bias)
+
+
+def fp8_block_kernel(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                     bias: torch.Tensor | None = None) -> str:  # fmt: skip
+    """Which kernel `fp8_block_linear` runs: "ref" off CUDA or where the Triton kernels do not take the operands
+    (blocks not a power of two of at least 16); at decode (FP8_GEMV_MAX_ROWS rows, FLOTILLA_FP8_GEMV on) the
+    per-channel fp8 GEMVs with block scales, the same bytes at their speed: "row_gemv" at one row where
+    FLOTILLA_FP8_ROW_GEMV is on and `block_supported` takes the operands, else "gemv"; above, "gemm"."""
+    from flotilla.kernels.triton_fp8_block_linear import supported
+
+    if not (x.is_cuda and supported(x, w_fp8, scale, block)):
+        return "ref"
+    if not _fp8_gemv_rows(x):
+        return "gemm"
+    if FP8_ROW_GEMV and math.prod(x.shape[:-1]) == 1:
+        from flotilla.kernels.triton_fp8_row_gemv import block_supported
+
+        if block_supported(x.reshape(1, x.shape[-1]), w_fp8, scale, block, bias):
+            return "row_gemv"
+    return "gemv"
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:

@@ -9,13 +9,14 @@ fp16 value), multiplies it with `tl.dot` (fp32 accumulation) and adds the step's
 powers of two), so a step reads one scalar scale, and applying it to the fp32 product keeps the dequantized
 weight's rounding out of it: the sum is the reference's up to fp32 order.
 
-Rows: up to 16 rows (decode) the batch is padded to 16 as the MMA's narrow side and the tile is 64 outputs wide,
-the weight tile taken as the MMA's first operand ("swap AB", as the fp8 GEMV's `tl.dot` path and cuBLAS's small-M
-tiles do; `swap_ab`);
-a split-K grid axis fills the SMs where the output tiles are too few, each range writing fp32 partials that torch
-sums in a fixed order (bit-reproducible, CUDA-graph capturable; no atomics). Above 64 rows the tiles grow to
-128 x 128 (a prefill). Every choice follows from shapes alone. The tiles are leads to be measured on the card
-(bench/results/gpu-2026-12-07-s37/fpblock.sh).
+Rows: the dispatch runs this kernel above 16 rows; at decode it takes the per-channel fp8 GEMVs' block forms
+(`dispatch.fp8_block_kernel`: the same bytes, where this GEMM measured 1.3-1.7x the per-channel GEMV's time at one
+row), unless FLOTILLA_FP8_GEMV=0. Up to 16 rows the batch is padded to 16 as the MMA's narrow side and the tile is 64
+outputs wide, the weight tile taken as the MMA's first operand ("swap AB", as the fp8 GEMV's `tl.dot` path and
+cuBLAS's small-M tiles do; `swap_ab`); a split-K grid axis fills the SMs where the output tiles are too few, each
+range writing fp32 partials that torch sums in a fixed order (bit-reproducible, CUDA-graph capturable; no atomics).
+Above 64 rows the tiles grow to 128 x 128 (a prefill). Every choice follows from shapes alone. The tiles are leads
+to be measured on the card (bench/results/gpu-2026-12-07-s37/fpblock.sh).
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ bf16 loop's ~1.9. Here (`_row_sums`; 203 instructions for the same 64 bytes, 3.2
   3.099 -> 3.263 ms/step). `TRIGGER` places `griddepcontrol.launch_dependents`: 0 at the top (as every PDL kernel
   of main), 1 after the K loop (dependents launch during this kernel's epilogue, not while its last wave streams).
 
+Block-scaled fp8 (`fp8_row_gemv_block`, `dispatch.fp8_block_linear` at one row): the plain kernel with SCALE_WORDS
+> 0: the program's rows lie in one n-block, and each activation is multiplied by its K block's scale in the loop
+(`_step`), the epilogue's row scale left out; not gated, no rope form (block layers run neither fused seam).
+
 Rounding: each output's fp32 sum times its scale (plus the bias) is rounded once to the activation dtype, as
 `fp8_gemv`; the gated form then rounds as `F.linear` + the SiLU kernel (`triton_gated_gemv.py`'s rounding points).
 The sum over K is in this kernel's order (per K lane over the steps, then across lanes), not `fp8_gemv`'s: outputs
@@ -260,24 +264,41 @@ def _fma_words(acc, word, a0, a1, a2, a3, ASM: tl.constexpr):
 
 
 @triton.jit
-def _xs(x_ptr, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr):
+def _xs(x_ptr, s_row, js, j0, KW, WORDS: tl.constexpr, EVEN_K: tl.constexpr, SCALE_WORDS: tl.constexpr):
     """The activation words (int64, four activations each) of the step at word offset `j0`; clamped or masked past
-    KW as `_tile` (a step past K is skipped, its words never used)."""
+    KW as `_tile` (a step past K is skipped, its words never used). With block scales (SCALE_WORDS > 0) also the
+    scale of each word's K block (`s_row`: the program's row of block scales, SCALE_WORDS words a block), else the
+    words again (a dead value, never loaded)."""
     if EVEN_K:
         q = tl.load(x_ptr + tl.minimum(j0, KW - WORDS) + js)
     else:
         q = tl.load(x_ptr + j0 + js, mask=(j0 + js) < KW, other=0)
-    return q
+    s = q
+    if SCALE_WORDS > 0:  # a word's four K positions lie in one block; the row's few scales stay in L1
+        if EVEN_K:
+            s = tl.load(s_row + (tl.minimum(j0, KW - WORDS) + js) // SCALE_WORDS)
+        else:
+            s = tl.load(s_row + (j0 + js) // SCALE_WORDS, mask=(j0 + js) < KW, other=0.0)
+    return q, s
 
 
 @triton.jit
-def _step(acc_g, acc_u, wg, wu, q, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr):
-    """One K step: the weight tiles `wg` (and `wu`) times the step's activation words `q`."""
+def _step(acc_g, acc_u, wg, wu, q, s, GATED: tl.constexpr, BF16: tl.constexpr, ASM: tl.constexpr,
+          BLOCK_SCALED: tl.constexpr):  # fmt: skip
+    """One K step: the weight tiles `wg` (and `wu`) times the step's activation words `q` (BLOCK_SCALED: each
+    activation times its word's block scale `s` first: the tile's rows share one n-block, so the scale varies along
+    K only and costs 4 multiplies a word lane, not one a weight)."""
     q = q[None, :]
     a0 = _act_f32(q, 0, BF16)
     a1 = _act_f32(q, 16, BF16)
     a2 = _act_f32(q, 32, BF16)
     a3 = _act_f32(q, 48, BF16)
+    if BLOCK_SCALED:
+        s = s[None, :]
+        a0 *= s
+        a1 *= s
+        a2 *= s
+        a3 *= s
     acc_g = _fma_words(acc_g, wg, a0, a1, a2, a3, ASM)
     if GATED:
         acc_u = _fma_words(acc_u, wu, a0, a1, a2, a3, ASM)
@@ -287,11 +308,15 @@ def _step(acc_g, acc_u, wg, wu, q, GATED: tl.constexpr, BF16: tl.constexpr, ASM:
 @triton.jit
 def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, ASM: tl.constexpr,
-              PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER: tl.constexpr):  # fmt: skip
+              PDL: tl.constexpr, PDL_GDC: tl.constexpr, TRIGGER: tl.constexpr, s_row,
+              SCALE_WORDS: tl.constexpr):  # fmt: skip
     """The fp32 sums over K of weight rows `rows` (`[BLOCK_N]` int64, all < N) with the activation row: `[BLOCK_N]`
     gate sums and (GATED) the up rows' `rows + N` sums (else the gate sums again). The PDL wait (and a trigger)
-    happen inside, after the first tiles' loads; `_fp8_row_gemv_kernel`'s docstring says how the loop is built."""
+    happen inside, after the first tiles' loads; `_fp8_row_gemv_kernel`'s docstring says how the loop is built.
+    SCALE_WORDS > 0: block scales, the rows all in one n-block whose scales `s_row` points at (a block of
+    SCALE_WORDS weight words along K); each activation is multiplied by its block's scale (`_step`)."""
     WORDS: tl.constexpr = BLOCK_K // 4
+    BLOCK_SCALED: tl.constexpr = SCALE_WORDS > 0
     js = tl.arange(0, WORDS)
     g_ptrs = w_ptr + rows[:, None] * stride_wn + js[None, :]
     u_ptrs = w_ptr + (rows + N)[:, None] * stride_wn + js[None, :]  # gated only
@@ -313,53 +338,55 @@ def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: t
             tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     # the activation words of the same steps (after the wait: x is the kernel ahead's output), carried alongside
-    q0 = _xs(x_ptr, js, 0, KW, WORDS, EVEN_K)
+    q0, s0 = _xs(x_ptr, s_row, js, 0, KW, WORDS, EVEN_K, SCALE_WORDS)
     q1 = q0
     q2 = q0
+    s1 = s0
+    s2 = s0
     if PREFETCH > 1:
-        q1 = _xs(x_ptr, js, WORDS, KW, WORDS, EVEN_K)
+        q1, s1 = _xs(x_ptr, s_row, js, WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
     if PREFETCH > 2:
-        q2 = _xs(x_ptr, js, 2 * WORDS, KW, WORDS, EVEN_K)
+        q2, s2 = _xs(x_ptr, s_row, js, 2 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
     # num_stages=1: the pipelining is the register buffers, not cp.async stages in shared memory
     if PREFETCH == 1:
         for j0 in tl.range(0, KW, 2 * WORDS, num_stages=1):
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + WORDS, KW, WORDS, EVEN_K, GATED)
-            q1 = _xs(x_ptr, js, j0 + WORDS, KW, WORDS, EVEN_K)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            q1, s1 = _xs(x_ptr, s_row, js, j0 + WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, s0, GATED, BF16, ASM, BLOCK_SCALED)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q0 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
+            q0, s0 = _xs(x_ptr, s_row, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, s1, GATED, BF16, ASM, BLOCK_SCALED)
     elif PREFETCH == 2:
         for j0 in tl.range(0, KW, 3 * WORDS, num_stages=1):
             g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q2 = _xs(x_ptr, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            q2, s2 = _xs(x_ptr, s_row, js, j0 + 2 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, s0, GATED, BF16, ASM, BLOCK_SCALED)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q0 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
+            q0, s0 = _xs(x_ptr, s_row, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, s1, GATED, BF16, ASM, BLOCK_SCALED)
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q1 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
+            q1, s1 = _xs(x_ptr, s_row, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + 2 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, s2, GATED, BF16, ASM, BLOCK_SCALED)
     else:
         for j0 in tl.range(0, KW, 4 * WORDS, num_stages=1):
             g3, u3 = _tiles(g_ptrs, u_ptrs, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q3 = _xs(x_ptr, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K)
-            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, GATED, BF16, ASM)
+            q3, s3 = _xs(x_ptr, s_row, js, j0 + 3 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
+            acc_g, acc_u = _step(acc_g, acc_u, g0, u0, q0, s0, GATED, BF16, ASM, BLOCK_SCALED)
             g0, u0 = _tiles(g_ptrs, u_ptrs, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q0 = _xs(x_ptr, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K)
+            q0, s0 = _xs(x_ptr, s_row, js, j0 + 4 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g1, u1, q1, s1, GATED, BF16, ASM, BLOCK_SCALED)
             g1, u1 = _tiles(g_ptrs, u_ptrs, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q1 = _xs(x_ptr, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K)
+            q1, s1 = _xs(x_ptr, s_row, js, j0 + 5 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + 2 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g2, u2, q2, s2, GATED, BF16, ASM, BLOCK_SCALED)
             g2, u2 = _tiles(g_ptrs, u_ptrs, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, GATED)
-            q2 = _xs(x_ptr, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K)
+            q2, s2 = _xs(x_ptr, s_row, js, j0 + 6 * WORDS, KW, WORDS, EVEN_K, SCALE_WORDS)
             if j0 + 3 * WORDS < KW:
-                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, q3, GATED, BF16, ASM)
+                acc_g, acc_u = _step(acc_g, acc_u, g3, u3, q3, s3, GATED, BF16, ASM, BLOCK_SCALED)
     if PDL and PDL_GDC and TRIGGER == 1:
         tl.extra.cuda.gdc_launch_dependents()
     gate = tl.sum(acc_g, 1)
@@ -370,10 +397,11 @@ def _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED: tl.constexpr, BF16: t
 
 
 @triton.jit
-def _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+def _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                ROW_SCALES: tl.constexpr = True):  # fmt: skip
     """The rows' scales and biases (fp32; zero without a bias), and the up rows' (`rows + N`; GATED only, else the
-    gate rows' again)."""
-    scale_g = tl.load(scale_ptr + rows)
+    gate rows' again). ROW_SCALES False (block scales, applied in the loop): scales of 1."""
+    scale_g = tl.load(scale_ptr + rows) if ROW_SCALES else tl.full(rows.shape, 1.0, tl.float32)
     bias_g = tl.zeros_like(scale_g)
     if HAS_BIAS:
         bias_g = tl.load(bias_ptr + rows).to(tl.float32)
@@ -396,6 +424,7 @@ def _fp8_row_gemv_kernel(
     N,
     KW,
     stride_wn,
+    stride_sn,
     HAS_BIAS: tl.constexpr,
     GATED: tl.constexpr,
     BF16: tl.constexpr,
@@ -407,8 +436,14 @@ def _fp8_row_gemv_kernel(
     PDL: tl.constexpr = False,
     PDL_GDC: tl.constexpr = True,
     TRIGGER: tl.constexpr = 0,
+    SCALE_BN: tl.constexpr = 1,
+    SCALE_WORDS: tl.constexpr = 0,
 ):
     """One program: outputs `cols` (of N) from weight rows `cols` (and, gated, the up rows `N + cols`).
+
+    Block scales (SCALE_WORDS > 0, not gated): `scale_ptr` is `[ceil(N / SCALE_BN), ceil(K / (4 * SCALE_WORDS))]`
+    (row stride `stride_sn`) and BLOCK_N divides SCALE_BN, so the program's rows lie in one n-block and every
+    activation is scaled by its K block's scale inside the loop (`_step`) instead of each sum by its row's after it.
 
     `w_ptr` is the e4m3 weight seen as int32 words (`[rows, KW]`, KW = K / 4, row stride `stride_wn` words) and
     `x_ptr` the activation row seen as int64 (four 16-bit activations each): a thread's 16 weight bytes of a row
@@ -424,11 +459,13 @@ def _fp8_row_gemv_kernel(
     rows = tl.minimum(cols, N - 1).to(tl.int64)  # rows past N re-read row N - 1 (stores masked): unmasked loads
     # The epilogue's parameters first (weights, never a kernel's output: before the PDL wait too), so that their
     # latency hides under the K loop instead of following it in every program.
-    scale_g, bias_g, scale_u, bias_u = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, GATED)
+    scale_g, bias_g, scale_u, bias_u = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, GATED, SCALE_WORDS == 0)
+    s_row = scale_ptr + ((pid * BLOCK_N) // SCALE_BN) * stride_sn  # block scales: the program's n-block
     gate, up = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, GATED, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
-                         PDL, PDL_GDC, TRIGGER)  # fmt: skip
+                         PDL, PDL_GDC, TRIGGER, s_row, SCALE_WORDS)  # fmt: skip
     out_ty = out_ptr.dtype.element_ty
-    gate = gate * scale_g
+    if SCALE_WORDS == 0:
+        gate = gate * scale_g
     if HAS_BIAS:
         gate += bias_g
     if GATED:  # main's rounding points: each projection stored (rounded), SiLU in fp32 rounded, the product rounded
@@ -474,7 +511,7 @@ def _fp8_row_gemv_rope_kernel(
     rows = rows.to(tl.int64)  # all < N (whole heads)
     scale, bias, _, _ = _row_params(scale_ptr, bias_ptr, rows, N, HAS_BIAS, False)  # before the loop (and wait)
     res, _ = _row_sums(x_ptr, w_ptr, rows, N, KW, stride_wn, False, BF16, BLOCK_N, BLOCK_K, PREFETCH, EVEN_K, ASM,
-                       PDL, PDL_GDC, TRIGGER)  # fmt: skip
+                       PDL, PDL_GDC, TRIGGER, scale_ptr, 0)  # fmt: skip
     res = res * scale
     if HAS_BIAS:  # before the rounding, as the plain GEMV (Qwen2's qkv bias: before the rotation)
         res += bias
@@ -485,8 +522,16 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias:
               *, gated: bool = False) -> bool:  # fmt: skip
     """Whether `fp8_row_gemv` takes these operands: one row of bf16/fp16 activations, contiguous, 8-byte aligned;
     an e4m3 weight `[N, K]` (gated: an even N) with contiguous rows, K and the row stride multiples of 4 and a
-    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales; a contiguous bias
-    of N values in x's dtype."""
+    4-byte aligned start (the kernel reads it as int32 words, the row as int64); N fp32 scales, `[N]` or `[N, 1]`
+    (never block scales, whose count may match N: `fp8_row_gemv_block`); a contiguous bias of N values in x's
+    dtype."""
+    n = w_fp8.shape[0]
+    return (_takes_row_and_weight(x, w_fp8, bias, gated) and w_scale.dtype == torch.float32
+            and tuple(w_scale.shape) in ((n,), (n, 1)) and w_scale.is_contiguous())  # fmt: skip
+
+
+def _takes_row_and_weight(x: torch.Tensor, w_fp8: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> bool:
+    """`supported`'s conditions on the row, the weight and the bias (the scales aside)."""
     if not (x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
             and w_fp8.dim() == 2 and w_fp8.dtype == torch.float8_e4m3fn and w_fp8.shape[1] == x.shape[1]
             and w_fp8.stride(-1) == 1):  # fmt: skip
@@ -494,8 +539,7 @@ def supported(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, bias:
     n, k = w_fp8.shape
     if (gated and n % 2) or k == 0 or k % 4 or w_fp8.stride(0) % 4 or w_fp8.data_ptr() % 4 or x.data_ptr() % 8:
         return False
-    return (w_scale.dtype == torch.float32 and w_scale.numel() == n and w_scale.is_contiguous()
-            and (bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)))  # fmt: skip
+    return bias is None or (bias.shape == (n,) and bias.is_contiguous() and bias.dtype == x.dtype)
 
 
 def _pdl_options(x: torch.Tensor, cfg: RowGemvConfig, pdl: bool | None, pdl_gdc: bool) -> dict[str, bool | int]:
@@ -537,10 +581,58 @@ def fp8_row_gemv(
     words = w_fp8.view(torch.int32)  # [N, K / 4]: 4 e4m3 bytes a word (little-endian: K order within the word)
     even_k = (k // 4) % (cfg.block_k // 4) == 0  # whole tiles: unmasked loads
     _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
+        x.view(torch.int64), words, w_scale, bias if bias is not None else out, out, n, k // 4, words.stride(0), 0,
         HAS_BIAS=bias is not None, GATED=gated, BF16=x.dtype == torch.bfloat16, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=even_k, ASM=not INTERPRETING, num_warps=cfg.num_warps,
         num_stages=1, **_pdl_options(x, cfg, pdl, pdl_gdc),
+    )  # fmt: skip
+    return out
+
+
+def block_supported(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                    bias: torch.Tensor | None = None) -> bool:  # fmt: skip
+    """Whether `fp8_row_gemv_block` takes these operands: `supported`'s one row and weight, with fp32 block scales
+    `[ceil(N / block_n), ceil(K / block_k)]` (contiguous rows) in place of the row scales, blocks a power of two
+    of at least 16 each way (a program's rows then lie in one n-block and a weight word in one k-block)."""
+    if not (all(b >= 16 and b & (b - 1) == 0 for b in block) and _takes_row_and_weight(x, w_fp8, bias, False)):
+        return False
+    n, k = w_fp8.shape
+    return (scale.dtype == torch.float32 and scale.stride(-1) == 1
+            and tuple(scale.shape) == (triton.cdiv(n, block[0]), triton.cdiv(k, block[1])))  # fmt: skip
+
+
+def fp8_row_gemv_block(
+    x: torch.Tensor,
+    w_fp8: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    *,
+    pdl: bool | None = None,
+    pdl_gdc: bool = True,
+    **knobs: int,
+) -> torch.Tensor:
+    """W8A16 `x @ (w_fp8 * scale)^T (+ bias)` `[1, N]` with one fp32 scale a `block` of the weight
+    (`fp8_block_linear.fp8_block_linear_ref`'s contract) for one row `x` `[1, K]` (where `block_supported`): the
+    plain kernel's loop, tiles and launch (knobs and `pdl` as `fp8_row_gemv`; the weight shape's measured entry),
+    each activation scaled by its K block's scale in the loop; the tile's rows cut to the block's where it is
+    taller, so that a program reads one row of scales."""
+    assert block_supported(x, w_fp8, scale, block, bias), (
+        f"unsupported operands {tuple(x.shape)} {x.dtype} x {tuple(w_fp8.shape)} {w_fp8.dtype} in {block} blocks"
+    )
+    n, k = w_fp8.shape
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    cfg = default_config(n, k, device_sms(x), gated=False, **(env_knobs(n, k, device_card(x)) | knobs))
+    cfg = dataclasses.replace(cfg, block_n=min(cfg.block_n, block[0]))
+    words = w_fp8.view(torch.int32)
+    _fp8_row_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x.view(torch.int64), words, scale, bias if bias is not None else out, out, n, k // 4, words.stride(0),
+        scale.stride(0), HAS_BIAS=bias is not None, GATED=False, BF16=x.dtype == torch.bfloat16,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, EVEN_K=(k // 4) % (cfg.block_k // 4) == 0,
+        ASM=not INTERPRETING, SCALE_BN=block[0], SCALE_WORDS=block[1] // 4, num_warps=cfg.num_warps, num_stages=1,
+        **_pdl_options(x, cfg, pdl, pdl_gdc),
     )  # fmt: skip
     return out
 
@@ -624,9 +716,11 @@ __all__ = [
     "ENV_CONFIGS",
     "MEASURED_CONFIGS",
     "RowGemvConfig",
+    "block_supported",
     "default_config",
     "env_knobs",
     "fp8_row_gemv",
+    "fp8_row_gemv_block",
     "fp8_row_gemv_rope",
     "fp8_row_gemv_rope_ref",
     "fuses_rope",

@@ -37,7 +37,10 @@ per output feature. The activations stay in their dtype (no per-token quantizati
 tile is converted in registers (to fp32 for the FMA path, to the activation dtype for `tl.dot`),
 and the scale multiplies the finished fp32 sum once per output, since it factors out of the sum
 over K. Half the bytes of a bf16 weight per output, so the FMA tiles are twice as wide along K to
-keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`.
+keep the bytes per loop step; the oracle is `fp8_linear.fp8_weight_only_linear_ref`. Block-scaled fp8
+(`fp8_gemv_block`, one scale a `[block_n, block_k]` block): the same kernel with SCALE_BK > 0, the tile's rows in
+one n-block and the scales applied inside the K loop (`_scaled_step`); the oracle is
+`fp8_block_linear.fp8_block_linear_ref`.
 
 Programmatic dependent launch (`kernels/pdl.py`, FLOTILLA_PDL=1, batch-1 decode): the GEMV may start while the
 small kernel ahead of it (RMSNorm, SiLU-and-mul, the attention merge) still runs. The first K step is then peeled:
@@ -263,6 +266,7 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     k_per_split,
+    stride_sn,
     lora_part_ptr,
     lora_b_ptr,
     lora_slots_ptr,
@@ -291,6 +295,8 @@ def _gemv_kernel(
     PDL_GDC: tl.constexpr = True,
     PREFETCH_K: tl.constexpr = 0,
     PREFETCH_SEGS: tl.constexpr = 1,
+    SCALE_BN: tl.constexpr = 1,
+    SCALE_BK: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -304,6 +310,7 @@ def _gemv_kernel(
     w_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_wn + ks[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_xm + ks[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M] if USE_DOT else [BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    s_row = scale_ptr + ((pid_n * BLOCK_N) // SCALE_BN) * stride_sn  # block scales (SCALE_BK > 0): the n-block's
     if LORA_SLICES > 0:
         lora_b, lora_p0, lora_p1, lora_p2 = _lora_tiles(
             lora_part_ptr, lora_b_ptr, lora_slots_ptr, rows, row_ok, cols, col_ok, stride_lps, stride_lpt, stride_lbs,
@@ -323,7 +330,7 @@ def _gemv_kernel(
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         x = tl.load(x_ptrs + k_start, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _gemv_step(acc, w, x, USE_DOT, DOT_DTYPE, DOT_PRECISION)
+        acc = _scaled_step(acc, w, x, s_row, k_start, ks, k_ok, USE_DOT, DOT_DTYPE, DOT_PRECISION, SCALE_BK)
         k_loop = k_start + BLOCK_K
     else:
         k_loop = k_start
@@ -331,7 +338,7 @@ def _gemv_kernel(
         k_ok = (k0 + ks) < K
         w = tl.load(w_ptrs + k0, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_ptrs + k0, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = _gemv_step(acc, w, x, USE_DOT, DOT_DTYPE, DOT_PRECISION)
+        acc = _scaled_step(acc, w, x, s_row, k0, ks, k_ok, USE_DOT, DOT_DTYPE, DOT_PRECISION, SCALE_BK)
     res = tl.trans(acc) if USE_DOT else tl.sum(acc, 2)  # [BLOCK_M, BLOCK_N]
     if HAS_SCALE:  # one scale per output feature factors out of the sum over K (and over K ranges)
         res *= tl.load(scale_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -357,6 +364,24 @@ def _gemv_step(acc, w, x, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PR
         acc = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), acc, input_precision=DOT_PRECISION)
     else:  # fp32 right after the load: the interpreter's bf16 arithmetic is wrong, the GPU's is lossy
         acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def _scaled_step(acc, w, x, s_row, k0, ks, k_ok, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, SCALE_BK: tl.constexpr):  # fmt: skip
+    """`_gemv_step` at K offset `k0`, with block scales where SCALE_BK > 0 (the tile's rows in one n-block, whose
+    scales `s_row` points at): the dot's step (BLOCK_K within one k-block) adds its product times the block's one
+    scale; the FMA's step scales x's columns by their k-block's scale first (a `[BLOCK_K]` vector from L1, the
+    multiplies shared by the tile's rows) and keeps its one accumulator."""
+    if SCALE_BK == 0:
+        acc = _gemv_step(acc, w, x, USE_DOT, DOT_DTYPE, DOT_PRECISION)
+    elif USE_DOT:
+        part = tl.dot(w.to(DOT_DTYPE), tl.trans(x.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
+        acc += part * tl.load(s_row + k0 // SCALE_BK)
+    else:
+        sx = tl.load(s_row + (k0 + ks) // SCALE_BK, mask=k_ok, other=0.0)
+        acc = _gemv_step(acc, w, x.to(tl.float32) * sx[None, :], False, DOT_DTYPE, DOT_PRECISION)
     return acc
 
 
@@ -506,6 +531,7 @@ def gemv(
     lora: LoRAEpilogue | None = None,
     pdl: bool | None = None,
     pdl_gdc: bool = True,
+    scale_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`x @ weight.T (+ bias)` for `x` `[..., K]` (few rows) and `weight` `[N, K]`; fp32 accumulation.
 
@@ -517,6 +543,9 @@ def gemv(
     (`kernels/pdl.py`; default: FLOTILLA_PDL where capable; never with `lora`, whose epilogue reads the
     shrink's partials early). `pdl_gdc=False` (tests only) keeps the peeled first step without the
     griddepcontrol instructions, so that the interpreter can run it.
+    `scale_block` (`fp8_gemv_block`): `weight_scale` holds one scale a `[block_n, block_k]` block of the weight
+    (`[ceil(N / block_n), ceil(K / block_k)]`, powers of two), applied in the K loop; the tiles are cut to fit in
+    one block each way where they are larger (no LoRA).
     """
     k = x.shape[-1]
     n = weight.shape[0]
@@ -526,7 +555,11 @@ def gemv(
         x2 = x2.contiguous()
     assert weight.stride(-1) == 1, "weight rows must be contiguous along K"
     assert bias is None or (bias.shape == (n,) and bias.is_contiguous())
-    assert weight_scale is None or (weight_scale.numel() == n and weight_scale.is_contiguous())
+    if scale_block is None:
+        assert weight_scale is None or (weight_scale.numel() == n and weight_scale.is_contiguous())
+    else:
+        assert weight_scale is not None and lora is None and weight_scale.stride(-1) == 1
+        assert tuple(weight_scale.shape) == (triton.cdiv(n, scale_block[0]), triton.cdiv(k, scale_block[1]))
     m = x2.shape[0]
     out = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
@@ -539,6 +572,9 @@ def gemv(
         num_stages=num_stages, use_dot=use_dot, weight_bytes=min(weight.element_size(), 2),
         card=device_card(x) if weight_scale is None else None,
     )  # fmt: skip
+    if scale_block is not None:  # a tile's rows in one n-block; a dot step in one k-block (one scalar scale)
+        cfg = dataclasses.replace(cfg, block_n=min(cfg.block_n, scale_block[0]),
+                                  block_k=min(cfg.block_k, scale_block[1]) if cfg.use_dot else cfg.block_k)
     block_m = triton.next_power_of_2(m)
     if cfg.use_dot:
         assert cfg.block_n >= 16 and cfg.block_k >= 16, "tl.dot needs tiles of at least 16"
@@ -575,8 +611,9 @@ def gemv(
         weight.stride(0),
         out2.stride(0),
         k_per_split,
+        weight_scale.stride(0) if scale_block is not None and weight_scale is not None else 0,
         *lora_args,
-        HAS_SCALE=weight_scale is not None,
+        HAS_SCALE=weight_scale is not None and scale_block is None,
         HAS_BIAS=bias is not None,
         SPLIT_K=splits,
         USE_DOT=cfg.use_dot,
@@ -590,6 +627,7 @@ def gemv(
         num_stages=cfg.num_stages,
         **lora_consts,
         **pdl_consts,
+        **({"SCALE_BN": scale_block[0], "SCALE_BK": scale_block[1]} if scale_block is not None else {}),
     )
     if splits > 1:
         block = min(_REDUCE_BLOCK, triton.next_power_of_2(n))
@@ -630,6 +668,15 @@ def fp8_gemv(
     return gemv(x, w_fp8, bias, weight_scale=w_scale, **knobs)
 
 
+def fp8_gemv_block(x: torch.Tensor, w_fp8: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                   bias: torch.Tensor | None = None, **knobs: Any) -> torch.Tensor:  # fmt: skip
+    """W8A16 `x @ (w_fp8 * scale)^T (+ bias)` with one fp32 scale a `block` (`[block_n, block_k]`, powers of two of
+    at least 16) of the float8_e4m3fn weight (`fp8_block_linear.fp8_block_linear_ref`'s contract): `fp8_gemv`'s
+    kernel and tiles, the scales applied in the K loop (`gemv`'s `scale_block`); `gemv`'s knobs."""
+    assert w_fp8.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    return gemv(x, w_fp8, bias, weight_scale=scale, scale_block=block, **knobs)
+
+
 def int8_gemv(
     x: torch.Tensor, w_int8: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None, **knobs: Any
 ) -> torch.Tensor:
@@ -640,6 +687,6 @@ def int8_gemv(
     return gemv(x, w_int8, bias, weight_scale=w_scale, **knobs)
 
 
-__all__ = ["ONE_ROW_TILES", "GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fuses_lora", "gemv",
-           "int8_gemv", "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles", "set_one_row_tiles",
-           "tiles_spec"]
+__all__ = ["ONE_ROW_TILES", "GemvConfig", "LoRAEpilogue", "default_config", "fp8_gemv", "fp8_gemv_block",
+           "fuses_lora", "gemv", "int8_gemv", "l2_prefetch_k", "one_row_knobs", "parse_tiles", "restore_one_row_tiles",
+           "set_one_row_tiles", "tiles_spec"]

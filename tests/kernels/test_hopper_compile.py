@@ -432,6 +432,11 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
     return {
         "fp8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=3),
         "fp8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
+        # the block-scaled forms (`fp8_gemv_block`, 128 x 128 blocks): the scales applied in the K loop
+        "fp8_gemv fma m2 block": _compile_for_hopper(_gemv_kernel, pointers, dict(
+            fma, BLOCK_M=2, HAS_SCALE=False, SCALE_BN=128, SCALE_BK=128), num_warps=4, num_stages=3),
+        "fp8_gemv dot m16 block": _compile_for_hopper(_gemv_kernel, pointers, dict(
+            dot, HAS_SCALE=False, SCALE_BN=128, SCALE_BK=128), num_warps=4, num_stages=4),
         "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
     }
 
@@ -530,6 +535,13 @@ def _compile_fp8_row_gemv() -> dict[str, dict[str, object]]:
         for tag, extra in (("", {}), (" pdl", dict(PDL=True)), (" pdl late", dict(PDL=True, TRIGGER=1))):
             out[f"fp8_row_gemv {name}{tag}"] = _compile_for_hopper(fn, pointers, dict(consts, **extra), aligned,
                                                                    num_warps=cfg.num_warps, num_stages=1)  # fmt: skip
+    # the block-scaled form (`fp8_row_gemv_block`) at qkv's tiles in 128 x 128 blocks, plain and by PDL
+    cfg = default_config(6144, 4096, 132)
+    block = dict(HAS_BIAS=False, GATED=False, BF16=True, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                 PREFETCH=cfg.prefetch, EVEN_K=True, SCALE_BN=128, SCALE_WORDS=32)  # fmt: skip
+    for tag, extra in (("", {}), (" pdl", dict(PDL=True))):
+        out[f"fp8_row_gemv qkv block{tag}"] = _compile_for_hopper(fn, pointers, dict(block, **extra), aligned,
+                                                                  num_warps=cfg.num_warps, num_stages=1)  # fmt: skip
     # the qkv form with the rotary + KV-write epilogue (bf16 and fp8 caches)
     from flotilla.kernels.triton_fp8_row_gemv import _fp8_row_gemv_rope_kernel
 
@@ -582,6 +594,7 @@ def test_fp8_kernels_compile_for_hopper(compiled):
     assert all(r["e4m3_cvt"] for name, r in result.items() if "bf16" not in name and not name.startswith(plain))
     assert result["lora_stacked_expand bf16"]["mma"]  # the LoRA delta on tensor cores
     assert result["fp8_gemv dot m16"]["mma"] and not result["fp8_gemv fma m1"]["mma"]
+    assert result["fp8_gemv dot m16 block"]["mma"] and not result["fp8_gemv fma m2 block"]["mma"]
     # the qkv GEMV with the rotary + KV-write epilogue: FMA, 16-byte weight loads like the plain GEMV's; by PDL one
     # wait and one trigger, the first weight tile loaded before the wait
     rope, rope_pdl = result["gemv_rope bf16 m1"], result["gemv_rope bf16 m1 pdl"]
