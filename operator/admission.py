@@ -215,8 +215,8 @@ def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
                   arch.intermediate_size // tensor}
         bad = [f"{what} = {n}" for what, n in inputs.items() if n % GGUF_BLOCK]
         if bad:
-            errors.append(f"spec.parallelism.tensor: a GGUF 4-bit (Q4_0/Q4_1/Q4_K) layer splits its inputs into blocks of "
-                          f"{GGUF_BLOCK} on every GPU, but {', '.join(bad)} is not a multiple of {GGUF_BLOCK}; "
+            errors.append("spec.parallelism.tensor: a GGUF 4-bit (Q4_0/Q4_1/Q4_K) layer splits its inputs into "
+                          f"blocks of {GGUF_BLOCK} on every GPU, but {', '.join(bad)} is not a multiple of {GGUF_BLOCK}; "
                           "choose another tensor size")
     return errors
 

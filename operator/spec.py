@@ -195,8 +195,8 @@ class ModelArchitecture(_Model):
                     "num_bits: 8 for FP8 / W8A16, 4 for W4A16); the fit check assumes 8 when absent. Of a GPTQ "
                     "checkpoint: its bits, 4 (assumed when absent) or 8. Of a GGUF file: 4 for Q4_0/Q4_1/Q4_K linear "
                     "tensors (assumed when absent; a Q4_K_M file's Q6_K layers run dense, so 4 over-counts it), 8 "
-                    "for files without 4-bit linears (Q8_0, Q5_K_M, Q6_K: dequantized at load). An --hf-overrides quantization_config in "
-                    "engineArgs sets it from its own bits.")
+                    "for files without 4-bit linears (Q8_0, Q5_K_M, Q6_K: dequantized at load). An --hf-overrides "
+                    "quantization_config in engineArgs sets it from its own bits.")
 
     @property
     def length_limit(self) -> int | None:
@@ -695,8 +695,8 @@ class InferenceServiceSpec(_Model):
                                     "(awq, gptq, compressed-tensors) may also be left to the engine to detect. "
                                     "rtn: round-to-nearest at load, 8 bits unless pod.env sets RTN_NUM_BITS=4 "
                                     "(RTN_GROUP_SIZE: inputs per scale, default 128). gguf: model.source is a .gguf "
-                                    "file, its Q4_0/Q4_1/Q4_K codes served as 4-bit codes, its other common types dequantized "
-                                    "(implied by a .gguf source). "
+                                    "file, its Q4_0/Q4_1/Q4_K codes served as 4-bit codes, its other common "
+                                    "types dequantized (implied by a .gguf source). "
                                     "bitsandbytes: nf4 in blocks of 64 at load, or a bitsandbytes 4-bit checkpoint.")
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, description="Paged KV cache settings.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Batching limits.")
