@@ -216,8 +216,8 @@ def _gguf_rules(spec: InferenceServiceSpec) -> list[str]:
         bad = [f"{what} = {n}" for what, n in inputs.items() if n % GGUF_BLOCK]
         if bad:
             errors.append("spec.parallelism.tensor: a GGUF 4-bit (Q4_0/Q4_1/Q4_K) layer splits its inputs into "
-                          f"blocks of {GGUF_BLOCK} on every GPU, but {', '.join(bad)} is not a multiple of {GGUF_BLOCK}; "
-                          "choose another tensor size")
+                          f"blocks of {GGUF_BLOCK} on every GPU, but {', '.join(bad)} is not a multiple of "
+                          f"{GGUF_BLOCK}; choose another tensor size")
     return errors
 
 

@@ -240,9 +240,9 @@ def test_gguf_blocks_must_split_over_the_tensor_ranks():
     assert review(spec, "x").errors == []
     odd = {**LLAMA_70B, "numAttentionHeads": 40, "numKeyValueHeads": 8, "headDim": 120}
     refused = review({**spec, "model": {**big, "config": odd}}, "x").errors
-    assert refused == ["spec.parallelism.tensor: a GGUF 4-bit (Q4_0/Q4_1/Q4_K) layer splits its inputs into blocks of 32 on "
-                       "every GPU, but numAttentionHeads x headDim / tensor = 600 is not a multiple of 32; choose "
-                       "another tensor size"]
+    assert refused == ["spec.parallelism.tensor: a GGUF 4-bit (Q4_0/Q4_1/Q4_K) layer splits its inputs into "
+                       "blocks of 32 on every GPU, but numAttentionHeads x headDim / tensor = 600 is not a "
+                       "multiple of 32; choose another tensor size"]
     dense = review({**spec, "model": {**big, "config": {**odd, "weightBits": 8}}}, "x").errors
     assert dense == []
 
