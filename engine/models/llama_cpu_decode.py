@@ -13,7 +13,8 @@ module path's does, so the hidden states are bit-identical (tests/engine/test_ll
 Taken only where the module path would take the memo's ops: CPU, bf16/fp16 activations, a cache of the activations'
 dtype with scales 1, the step memo on, every row one token; a model whose layers are the plain Llama ones (no q/k
 norm, no LoRA wrappers, one tensor-parallel rank and one pipeline stage) and whose linear layers are dense or carry
-torch's CPU integer weights (`--quantization gguf`, the packed-int methods). FLOTILLA_CPU_DECODE_LAYERS=0: the
+torch's CPU integer weights (`--quantization gguf`, the packed-int methods; not an activation-order layer, whose
+input `apply` gathers). FLOTILLA_CPU_DECODE_LAYERS=0: the
 module path (an A/B switch).
 """
 
@@ -87,6 +88,8 @@ def _linear_takes(layer: _Linear, cls: type, dtype: torch.dtype) -> bool:
     if method is None:
         return layer.weight.dtype == dtype and (layer.bias is None or layer.bias.dtype == dtype)
     weight = getattr(layer, "cpu_int_weight", None)
+    if getattr(layer, "weight_perm", None) is not None:  # activation order: `apply` gathers the input first
+        return False
     return type(method) in _CPU_INT_METHODS and weight is not None and weight.scales.dtype == dtype
 
 

@@ -166,3 +166,31 @@ def test_a_random_activation_order_layer_equals_its_dequantized_weight_on_the_de
     want = x.to(dtype).float() @ dequantized.t()
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * want.abs().max().item())
+
+
+def test_the_cpu_decode_plan_does_not_take_an_activation_order_layer():
+    """The CPU one-row decode step (engine/models/llama_cpu_decode.py) multiplies by the layer's CPU int4 weight
+    itself: an activation-order layer's codes are sorted by group, and that product without the input's gather is
+    another weight's, so the plan leaves such a layer to the module path (which gathers); bf16, groups of 128, where
+    torch's CPU int4 kernel takes the weight."""
+    from flotilla.engine.models import llama_cpu_decode
+
+    from .quant_checkpoints import act_order_codes
+
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(96, 512, generator=generator) * 0.05
+    codes, scales, zeros, g_idx = act_order_codes(weight, torch.randperm(512, generator=generator), 128)
+    qcfg = {**GPTQ, "group_size": 128}
+    layer = ColumnParallelLinear(512, 96).to(torch.bfloat16)
+    layer.quant_method = gptq.linear_method(qcfg)
+    layer.quant_method.create_weights(layer)
+    for name, tensor in gptq.convert_tensors(((f"p.{k}", v) for k, v in pack_gptq(codes, scales, zeros, 4, g_idx)
+                                              .items()), qcfg):
+        param = getattr(layer, name.rpartition(".")[2])
+        (getattr(param, "weight_loader", None) or layer.weight_loader)(param, tensor.to(param.dtype), None)
+    with torch.no_grad():
+        layer.quant_method.process_weights(layer)
+    assert layer.weight_perm is not None and layer.cpu_int_weight is not None
+    x = torch.randn(1, 512, generator=generator).to(torch.bfloat16)
+    assert not torch.allclose(llama_cpu_decode._matmul(layer, x).float(), layer(x).float(), atol=1e-2)  # no gather
+    assert not llama_cpu_decode._linear_takes(layer, ColumnParallelLinear, torch.bfloat16)
