@@ -38,7 +38,7 @@ from flotilla.engine.parallel_state import (
     stage_layers,
     tp_size,
 )
-from flotilla.engine.quantization.fp8 import Fp8OnlineMethod
+from flotilla.engine.quantization.fp8 import Fp8CheckpointMethod, Fp8OnlineMethod
 from flotilla.engine.quantization.packed_int import int4_weight
 from flotilla.engine_rules import rope_positions
 from flotilla.kernels.dispatch import (
@@ -51,6 +51,10 @@ from flotilla.kernels.dispatch import (
     qkv_rope_takes,
     silu_and_mul_linear,
 )
+
+# fp8 methods whose `apply` at one row is the W8A16 product of `weight` and `weight_scale` alone, which the fused
+# one-row fp8 forms below compute themselves (exact types: fbgemm_fp8's subclass clips the activations first).
+_FP8_ROW_METHODS = (Fp8OnlineMethod, Fp8CheckpointMethod)
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class LlamaAttention(nn.Module):
             cos_sin = cast(torch.Tensor, self.rotary.cos_sin_cache)
             return self.o_proj(self.attn.forward_projected(hidden, qkv.weight, qkv.bias, positions, cos_sin))
         scale = getattr(qkv, "weight_scale", None)
-        if (self.q_norm is None and type(qkv) is QKVParallelLinear and isinstance(qkv.quant_method, Fp8OnlineMethod)
+        if (self.q_norm is None and type(qkv) is QKVParallelLinear and type(qkv.quant_method) in _FP8_ROW_METHODS
                 and isinstance(scale, torch.Tensor) and tp_size() == 1 and not self.attn._forward_pre_hooks
                 and fp8_qkv_rope_takes(hidden, qkv.weight, scale, qkv.bias, self.head_dim)):  # fmt: skip
             # the same with fp8 weights (W8A16 at one row; FLOTILLA_FP8_ROW_GEMV and FLOTILLA_QKV_ROPE)
@@ -185,7 +189,7 @@ class LlamaMLP(nn.Module):
             # plain weights (not quantized, not LoRA-wrapped): the GEMM may apply the activation itself
             return self.down_proj(silu_and_mul_linear(x, gate_up.weight, gate_up.bias, gate_up.gemv_max_rows))
         scale = getattr(gate_up, "weight_scale", None)
-        if (type(gate_up) is MergedColumnParallelLinear and isinstance(gate_up.quant_method, Fp8OnlineMethod)
+        if (type(gate_up) is MergedColumnParallelLinear and type(gate_up.quant_method) in _FP8_ROW_METHODS
                 and isinstance(scale, torch.Tensor)
                 and fp8_gated_gemv_takes(x, gate_up.weight, scale, gate_up.bias)):  # fmt: skip
             # fp8 weights (W8A16 at one row, every fp8 scheme): gate/up and SiLU-and-mul in one launch

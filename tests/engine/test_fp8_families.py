@@ -175,3 +175,29 @@ def test_modelopt_fp8_at_two_ranks_matches_hf_with_the_same_rounding(tiny_model_
     finally:
         llm.engine.shutdown()
     assert tokens == _hf_fp8_greedy(path / "dequantized", 0.05)
+
+
+def test_the_fused_fp8_decode_forms_keep_fbgemms_activation_bound(monkeypatch):
+    """llama.py's one-row fp8 forms (gate/up + SiLU-and-mul in one GEMV, qkv + rotary in its epilogue) read the
+    layer's fp8 weight and scales themselves, not its `apply`: fbgemm_fp8's clipping of the activations to the bound
+    must not be skipped there. The fused gated GEMV is stood in for by its reference (CUDA only) and taken wherever
+    the model asks; a token beyond the bound gives the module path's output."""
+    from flotilla.engine.models import llama
+    from flotilla.kernels.dispatch import fp8_weight_only_linear, silu_and_mul
+
+    arch = llama.LlamaArch(vocab_size=8, hidden_size=64, intermediate_size=32, num_layers=1, num_heads=2,
+                           num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling=None,
+                           max_position=64, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
+                           tie_word_embeddings=False)
+    mlp = llama.LlamaMLP(arch)
+    g = torch.Generator().manual_seed(5)
+    for layer in (mlp.gate_up_proj, mlp.down_proj):
+        w8, ws = quantize_fp8_rows(torch.randn(layer.weight.shape, generator=g))
+        layer.quant_method = FbgemmFp8Method(4.0)
+        layer.weight, layer.weight_scale = torch.nn.Parameter(w8, requires_grad=False), torch.nn.Parameter(ws)
+    monkeypatch.setattr(llama, "fp8_gated_gemv_takes", lambda *args: True)
+    monkeypatch.setattr(llama, "fp8_gated_gemv", lambda x, w, s, b=None: silu_and_mul(fp8_weight_only_linear(x, w, s, b)))
+    x = torch.randn(1, 64, generator=g)
+    x[0, 0] = 10.0  # beyond the bound 4
+    want = mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
+    torch.testing.assert_close(mlp(x), want)
