@@ -421,8 +421,9 @@ def unsupported(spec: InferenceServiceSpec, name: str) -> list[str]:
         errors.append(f"spec.engineArgs: {problem}")
     if problem := _draft_length_problem(spec):
         errors.append(problem)
+    weights = None if spec.weight_quantization == "none" else spec.weight_quantization  # an override's scheme too
     if (arch := spec.architecture) is not None and (problem := moe_problem(
-            arch.expert_widths, values.get("quantization"), bool(values.get("enable_lora")),
+            arch.expert_widths, weights, bool(values.get("enable_lora")),
             values.get("tensor_parallel_size") or 1, _spec_name, spec.quantization_config_override)):
         errors.append(problem)
     return errors + cross_flag_problems(values, _hf_config(spec), _spec_name)

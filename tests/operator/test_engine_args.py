@@ -646,3 +646,20 @@ def test_json_nested_too_deeply_in_engine_args_is_refused_not_a_crash(flag):
     # json.loads raises RecursionError past Python's recursion limit: the webhook must refuse it like other bad JSON
     problems = unsupported(make(engineArgs=[flag, "[" * 5000 + "]" * 5000]), "x")
     assert len(problems) == 1 and flag in problems[0] and "is not a valid json" in problems[0]
+
+
+@pytest.mark.parametrize(("override", "refused"), [
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, True),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, True),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, True),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, False),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, True),
+])
+def test_an_override_scheme_on_a_mixture_of_experts_model_is_the_engines_moe_rule(override, refused):
+    """spec.quantization none and an --hf-overrides quantization_config: the engine runs the override's scheme and
+    refuses every one but fp8 per row / tensor on a mixture-of-experts model (flotilla/engine_rules.py
+    `moe_problem`); the webhook must see that scheme, not the absent flag."""
+    spec = make(model={"source": "pvc://models/m", "config": {**ARCH, "numExperts": 8}},
+                engineArgs=["--hf-overrides", json.dumps({"quantization_config": override})])
+    errors = unsupported(spec, "m")
+    assert any("mixture-of-experts" in e for e in errors) is refused, errors
