@@ -196,7 +196,8 @@ def test_the_fused_fp8_decode_forms_keep_fbgemms_activation_bound(monkeypatch):
         layer.quant_method = FbgemmFp8Method(4.0)
         layer.weight, layer.weight_scale = torch.nn.Parameter(w8, requires_grad=False), torch.nn.Parameter(ws)
     monkeypatch.setattr(llama, "fp8_gated_gemv_takes", lambda *args: True)
-    monkeypatch.setattr(llama, "fp8_gated_gemv", lambda x, w, s, b=None: silu_and_mul(fp8_weight_only_linear(x, w, s, b)))
+    monkeypatch.setattr(llama, "fp8_gated_gemv",
+                        lambda x, w, s, b=None: silu_and_mul(fp8_weight_only_linear(x, w, s, b)))
     x = torch.randn(1, 64, generator=g)
     x[0, 0] = 10.0  # beyond the bound 4
     want = mlp.down_proj(mlp.act(mlp.gate_up_proj(x)))
