@@ -192,8 +192,8 @@ class LlamaMLP(nn.Module):
         if (type(gate_up) is MergedColumnParallelLinear and type(gate_up.quant_method) in _FP8_ROW_METHODS
                 and isinstance(scale, torch.Tensor)
                 and fp8_gated_gemv_takes(x, gate_up.weight, scale, gate_up.bias)):  # fmt: skip
-            # fp8 weights (W8A16 at one row, every fp8 scheme): gate/up and SiLU-and-mul in one launch
-            # (FLOTILLA_FP8_ROW_GEMV, kernels/dispatch.py)
+            # fp8 weights (W8A16 at one row; every fp8 scheme but fbgemm_fp8, `_FP8_ROW_METHODS`): gate/up and
+            # SiLU-and-mul in one launch (FLOTILLA_FP8_ROW_GEMV, kernels/dispatch.py)
             return self.down_proj(fp8_gated_gemv(x, gate_up.weight, scale, gate_up.bias))
         int4 = int4_weight(gate_up) if type(gate_up) is MergedColumnParallelLinear else None
         if int4 is not None and int4_gated_gemv_takes(x, int4, gate_up.bias):
