@@ -34,7 +34,7 @@ INVALID = {
     "unsupported-quantization": (
         {"quantization": "int8"},
         "spec.quantization: --quantization='int8' is not supported yet (supported: fp8, rtn, awq, gptq, "
-        "compressed-tensors, gguf)"),
+        "compressed-tensors, gguf, bitsandbytes)"),
     "gguf-with-a-checkpoint-directory": (
         {"quantization": "gguf"},
         "spec.quantization: gguf serves one .gguf file as the model, but spec.model.source "
