@@ -437,7 +437,8 @@ def _compile_fp8_gemv() -> dict[str, dict[str, object]]:
             fma, BLOCK_M=2, HAS_SCALE=False, SCALE_BN=128, SCALE_BK=128), num_warps=4, num_stages=3),
         "fp8_gemv dot m16 block": _compile_for_hopper(_gemv_kernel, pointers, dict(
             dot, HAS_SCALE=False, SCALE_BN=128, SCALE_BK=128), num_warps=4, num_stages=4),
-        "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
+        "fp8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(
+            STATIC=False, BLOCK_K=2048, QMIN=-448.0, QMAX=448.0, ROUND_INT=False)),
     }
 
 
@@ -788,10 +789,11 @@ def _compile_int8() -> dict[str, dict[str, object]]:
     converted to bf16)."""
     import triton.language as tl
 
+    from flotilla.kernels.triton_fp8_quant import _quant_rows_kernel
     from flotilla.kernels.triton_gemv import _gemv_kernel
-    from flotilla.kernels.triton_int8_quant import _quant_rows_kernel
 
     quant = {"x_ptr": "*bf16", "out_ptr": "*i8", "scale_ptr": "*fp32", "static_scale_ptr": "*fp32"}
+    int8_grid = dict(QMIN=-128.0, QMAX=127.0, ROUND_INT=True)
     pointers = {"x_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
                 "part_ptr": "*fp32", "lora_part_ptr": "*fp32", "lora_b_ptr": "*bf16", "lora_slots_ptr": "*i32"}
     common = dict(HAS_SCALE=True, HAS_BIAS=False, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32", LORA_SLICES=0,
@@ -804,8 +806,10 @@ def _compile_int8() -> dict[str, dict[str, object]]:
              "out_ptr": "*bf16"}
     return {
         "int8_scale_rows": _compile_for_hopper(_scale_rows_kernel, scale, dict(HAS_BIAS=True, BLOCK_N=1024)),
-        "int8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=False, BLOCK_K=2048)),
-        "int8_quant_rows static": _compile_for_hopper(_quant_rows_kernel, quant, dict(STATIC=True, BLOCK_K=2048)),
+        "int8_quant_rows": _compile_for_hopper(_quant_rows_kernel, quant, dict(
+            STATIC=False, BLOCK_K=2048, **int8_grid)),
+        "int8_quant_rows static": _compile_for_hopper(_quant_rows_kernel, quant, dict(
+            STATIC=True, BLOCK_K=2048, **int8_grid)),
         "int8_gemv fma m1": _compile_for_hopper(_gemv_kernel, pointers, fma, num_warps=4, num_stages=3),
         "int8_gemv dot m16": _compile_for_hopper(_gemv_kernel, pointers, dot, num_warps=4, num_stages=4),
     }
